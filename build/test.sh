@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The one command that installs everything the tests need and runs every check:
+#   bash build/test.sh [extra pytest arguments...]
+# Works on a fresh machine (creates .venv) and from any working directory.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# --- system packages (for later test layers) -------------------------------------------
+# The browser tests need a Chromium and the analytics tests a JDK for PySpark. Uncomment
+# when those layers land; apt runs only when something is missing.
+# missing=()
+# command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || missing+=(chromium)
+# command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
+# if ((${#missing[@]})); then
+#     sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+#     $sudo apt-get update -qq
+#     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# fi
+
+# --- Python environment ----------------------------------------------------------------
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$python" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+
+# --- checks ----------------------------------------------------------------------------
+echo "== ruff check"
+.venv/bin/ruff check kapok tests
+echo "== mypy (strict, settings in pyproject.toml)"
+.venv/bin/mypy kapok
+echo "== pytest"
+.venv/bin/pytest "$@"

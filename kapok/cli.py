@@ -1,0 +1,121 @@
+"""The ``kapok`` command (also ``python -m kapok``).
+
+Each subcommand is a ``_cmd_<name>(args) -> int`` function registered in
+``_build_parser``; heavy modules are imported inside it so that ``kapok version`` and
+``--help`` stay instant. Errors never show a traceback: ``main`` turns them into one
+line ``kapok: error: <message>`` on stderr and exit code 2 (usage or configuration)
+or 1 (anything else the broker reports, such as a port already in use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+from kapok import __version__
+from kapok.errors import ConfigError, KapokError
+
+if TYPE_CHECKING:
+    from kapok.config import Config
+
+__all__ = ["main"]
+
+PROG = "kapok"
+DEFAULT_CONFIG_FILE = "application.yaml"
+EXIT_ERROR = 1
+EXIT_USAGE = 2  # also used for configuration errors, like argparse's usage errors
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (no usage dump), like every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{PROG}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Kapok: a lightweight, clustered message broker.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
+
+    serve = commands.add_parser("serve", help="run a broker node until SIGINT/SIGTERM")
+    serve.add_argument(
+        "-c",
+        "--config",
+        metavar="FILE",
+        help=f"YAML configuration file (default: ./{DEFAULT_CONFIG_FILE} if present, else built-in defaults)",
+    )
+    serve.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="override one key, e.g. --set server.port=9011 (value read as YAML; repeatable)",
+    )
+    serve.set_defaults(func=_cmd_serve)
+
+    version = commands.add_parser("version", help="print the version")
+    version.set_defaults(func=_cmd_version)
+
+    # Planned subcommands register here the same way: produce, consume, cluster,
+    # local-cluster, bench, analytics.
+    return parser
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    print(f"{PROG} {__version__}")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from kapok.config import load_config
+
+    path: str | None = args.config
+    if path is None and Path(DEFAULT_CONFIG_FILE).is_file():
+        path = DEFAULT_CONFIG_FILE
+    config = load_config(path, overrides=args.overrides, env=os.environ)
+    logging.basicConfig(
+        level=config.log.level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+    # Imported by name so this module type-checks before the server package exists;
+    # the runner's contract is ``serve(config: Config) -> None``, blocking until a signal.
+    runner = importlib.import_module("kapok.server.runner")
+    serve: Callable[[Config], None] = runner.serve
+    serve(config)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+        func: Callable[[argparse.Namespace], int] = args.func
+        return func(args)
+    except SystemExit as exc:  # argparse's --help, --version and usage errors
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        return EXIT_USAGE
+    except ConfigError as exc:
+        return _fail(exc.message, EXIT_USAGE)
+    except KapokError as exc:
+        return _fail(exc.message, EXIT_ERROR)
+    except OSError as exc:
+        return _fail(str(exc) or type(exc).__name__, EXIT_ERROR)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _fail(message: str, code: int) -> int:
+    one_line = " ".join(message.split())
+    print(f"{PROG}: error: {one_line}", file=sys.stderr)
+    return code

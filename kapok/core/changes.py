@@ -1,0 +1,81 @@
+"""Change records: every state change of the broker, as data.
+
+The broker emits these (when journaling is on) in the order it applied
+them. They are the single currency of durability: the WAL writes them, a
+slave replays them, and the analytics archive reads them. Replaying the same
+records into an empty broker rebuilds the same state (``Broker.apply``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "Change",
+    "Delivered",
+    "GroupCreated",
+    "MessageDeleted",
+    "Published",
+    "Requeued",
+    "Settled",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    seq: int
+    code: str
+    topic: str
+    data: bytes
+    key: str
+    priority: int
+    create_time: float
+    deliver_at: float
+    expire_at: float
+    producer_id: str
+    dedup_id: str
+    headers: dict[str, str] | None
+    groups: tuple[str, ...]  # durable groups the message was routed to
+
+
+@dataclass(frozen=True, slots=True)
+class GroupCreated:
+    topic: str
+    group: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    code: str
+    group: str
+    attempts: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Requeued:
+    code: str
+    group: str
+    reason: str  # "nack" | "timeout" | "disconnect"
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """An entry reached a final status (consumed, dead, expired, dropped)."""
+
+    code: str
+    group: str
+    status: str
+    reason: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class MessageDeleted:
+    code: str
+    at: float
+
+
+Change = Published | GroupCreated | Delivered | Requeued | Settled | MessageDeleted

@@ -1,0 +1,143 @@
+"""The one exception tree of Kapok.
+
+Every error a client can see carries a machine-readable ``code`` and an HTTP
+status; the server maps them to ``{"error": code, "message": ...}`` (v1), an
+``error`` frame (native WebSocket) or ``{"code": -1, "msg": ...}`` (KapokMQ
+compatibility routes), and the client maps ``code`` back to the same class::
+
+    KapokError
+     ├── ConfigError                  bad application.yaml / --set / env value
+     ├── ProtocolError
+     │    └── BadRequestError         malformed frame, form or JSON; wrong types
+     │         ├── UnknownOpError     a frame with an ``op`` nobody knows
+     │         └── MessageTooLargeError
+     ├── AuthError                    missing or wrong secret key
+     ├── BrokerError
+     │    ├── QueueFullError          topic over max_length / max_bytes (policy reject)
+     │    ├── RateLimitedError        producer over its token bucket
+     │    ├── UnknownCodeError        ack / nack / touch of a code not held
+     │    ├── MessageNotFoundError
+     │    └── SubscriptionError       unknown subscription id, duplicate, bad group
+     └── StorageError                 reserved for the storage layer
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "AuthError",
+    "BadRequestError",
+    "BrokerError",
+    "ConfigError",
+    "KapokError",
+    "MessageNotFoundError",
+    "MessageTooLargeError",
+    "ProtocolError",
+    "QueueFullError",
+    "RateLimitedError",
+    "StorageError",
+    "SubscriptionError",
+    "UnknownCodeError",
+    "UnknownOpError",
+    "error_for_code",
+]
+
+
+class KapokError(Exception):
+    """Root of every error Kapok raises on purpose."""
+
+    code: ClassVar[str] = "internal"
+    http_status: ClassVar[int] = 500
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else self.code
+
+
+class ConfigError(KapokError):
+    code = "config"
+    http_status = 500
+
+
+class ProtocolError(KapokError):
+    code = "protocol"
+    http_status = 400
+
+
+class BadRequestError(ProtocolError):
+    code = "bad_request"
+    http_status = 400
+
+
+class UnknownOpError(BadRequestError):
+    code = "unknown_op"
+    http_status = 400
+
+
+class MessageTooLargeError(BadRequestError):
+    code = "message_too_large"
+    http_status = 413
+
+
+class AuthError(KapokError):
+    code = "unauthorized"
+    http_status = 401
+
+
+class BrokerError(KapokError):
+    code = "broker"
+    http_status = 409
+
+
+class QueueFullError(BrokerError):
+    code = "queue_full"
+    http_status = 507
+
+
+class RateLimitedError(BrokerError):
+    code = "rate_limited"
+    http_status = 429
+
+
+class UnknownCodeError(BrokerError):
+    """Raised for codes that the caller does not hold; ``codes`` lists them."""
+
+    code = "unknown_code"
+    http_status = 404
+
+    def __init__(self, message: str, codes: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.codes = codes or []
+
+
+class MessageNotFoundError(BrokerError):
+    code = "not_found"
+    http_status = 404
+
+
+class SubscriptionError(BrokerError):
+    code = "bad_subscription"
+    http_status = 400
+
+
+class StorageError(KapokError):
+    code = "storage"
+    http_status = 500
+
+
+def _all_subclasses(cls: type[KapokError]) -> list[type[KapokError]]:
+    out: list[type[KapokError]] = []
+    for sub in cls.__subclasses__():
+        out.append(sub)
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+_ERROR_CLASSES: list[type[KapokError]] = [KapokError, *_all_subclasses(KapokError)]
+_BY_CODE: dict[str, type[KapokError]] = {cls.code: cls for cls in _ERROR_CLASSES}
+
+
+def error_for_code(code: str, message: str) -> KapokError:
+    """Rebuild the error class a server named by ``code`` (used by the client)."""
+    return _BY_CODE.get(code, KapokError)(message)

@@ -1,0 +1,60 @@
+"""``make_app(config)``: the one place where a node's HTTP application is assembled."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from aiohttp import WSCloseCode, web
+
+from kapok import __version__
+from kapok.clock import Clock
+from kapok.config import Config
+from kapok.server import compat, compat_console, ops, v1_http, v1_ws
+from kapok.server.keys import CONFIG, CONNECTIONS, REGISTRY, SERVICE, OpenSockets
+from kapok.server.metrics import make_registry
+from kapok.server.middlewares import auth_middleware, error_middleware
+from kapok.server.service import BrokerService
+from kapok.server.wsbase import frame_limit
+from kapok.storage import Store
+
+__all__ = ["make_app"]
+
+
+async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
+    service = app[SERVICE]
+    await service.start()
+    yield
+    await service.aclose()
+
+
+async def _close_connections(app: web.Application) -> None:
+    sockets: OpenSockets = app[CONNECTIONS]
+    for ws in list(sockets):
+        await ws.close(code=WSCloseCode.GOING_AWAY, message=b"node shutting down")
+
+
+async def _index(request: web.Request) -> web.Response:
+    # The console (its own issue) replaces this page.
+    service = request.app[SERVICE]
+    body = (
+        f"<!doctype html><title>Kapok {__version__}</title><h1>Kapok node {service.node_name}</h1>"
+        '<p><a href="/health">health</a> · <a href="/metrics">metrics</a> · '
+        '<a href="/cluster/nodes">cluster</a></p>'
+    )
+    return web.Response(text=body, content_type="text/html")
+
+
+def make_app(config: Config, *, store: Store | None = None, clock: Clock | None = None) -> web.Application:
+    max_body = frame_limit(config.mq.max_message_bytes, config.server.max_batch)
+    app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=max_body)
+    service = BrokerService(config, store=store, clock=clock)
+    app[CONFIG] = config
+    app[SERVICE] = service
+    app[CONNECTIONS] = OpenSockets()
+    app[REGISTRY] = make_registry(service)
+    app.cleanup_ctx.append(_service_ctx)
+    app.on_shutdown.append(_close_connections)
+    app.router.add_get("/", _index)
+    for table in (compat.routes, compat_console.routes, v1_ws.routes, v1_http.routes, ops.routes):
+        app.add_routes(table)
+    return app

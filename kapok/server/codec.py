@@ -1,0 +1,216 @@
+"""Wire encoding of both protocols (pure: no I/O, no clock).
+
+KapokMQ compatibility: producer frames are JSON objects whose keys Go would
+have matched case-insensitively (``MessageData``, ``DelayTime``); pushes are
+PascalCase JSON; control strings are raw text. The native protocol is JSON
+with an ``op`` field; payloads travel as UTF-8 text, or base64 with
+``"enc": "base64"`` when they are not valid UTF-8.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from kapok.core.broker import Draft
+from kapok.core.model import Entry, Message
+from kapok.errors import BadRequestError
+
+__all__ = [
+    "compat_draft",
+    "compat_push",
+    "decode_object",
+    "draft_from_json",
+    "encode_data",
+    "get_bool",
+    "get_codes",
+    "get_int",
+    "get_number",
+    "get_str",
+    "message_json",
+]
+
+MAX_CODES = 10_000
+
+
+def decode_object(raw: str | bytes, what: str = "frame") -> dict[str, Any]:
+    """Parse one JSON object; anything else is a ``BadRequestError``."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequestError(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise BadRequestError(f"{what} must be a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def get_str(obj: Mapping[str, Any], name: str, default: str | None = None, *, max_len: int = 255) -> str:
+    value = obj.get(name, default)
+    if value is None:
+        raise BadRequestError(f"field {name!r} is required")
+    if not isinstance(value, str):
+        raise BadRequestError(f"field {name!r} must be a string, got {type(value).__name__}")
+    if len(value) > max_len:
+        raise BadRequestError(f"field {name!r} is longer than {max_len} characters")
+    return value
+
+
+def get_int(obj: Mapping[str, Any], name: str, default: int | None = None, *, lo: int, hi: int) -> int:
+    value = obj.get(name, default)
+    if value is None:
+        raise BadRequestError(f"field {name!r} is required")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequestError(f"field {name!r} must be an integer, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise BadRequestError(f"field {name!r} must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def get_number(obj: Mapping[str, Any], name: str, default: float, *, lo: float, hi: float) -> float:
+    value = obj.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise BadRequestError(f"field {name!r} must be a number, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise BadRequestError(f"field {name!r} must be between {lo:g} and {hi:g}, got {value}")
+    return float(value)
+
+
+def get_bool(obj: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = obj.get(name, default)
+    if not isinstance(value, bool):
+        raise BadRequestError(f"field {name!r} must be true or false, got {type(value).__name__}")
+    return value
+
+
+def get_codes(obj: Mapping[str, Any], name: str = "codes") -> list[str]:
+    codes = obj.get(name)
+    if not isinstance(codes, list) or not all(isinstance(c, str) for c in codes):
+        raise BadRequestError(f"field {name!r} must be a list of message codes (strings)")
+    if len(codes) > MAX_CODES:
+        raise BadRequestError(f"at most {MAX_CODES} codes per request")
+    return codes
+
+
+# ---------------------------------------------------------------- payloads
+
+
+def decode_data(obj: Mapping[str, Any]) -> bytes:
+    data = obj.get("data")
+    if not isinstance(data, str):
+        raise BadRequestError('field \'data\' must be a string (UTF-8 text, or base64 with "enc": "base64")')
+    enc = obj.get("enc", "utf8")
+    if enc == "utf8":
+        return data.encode()
+    if enc == "base64":
+        try:
+            return base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            raise BadRequestError("field 'data' is not valid base64") from None
+    raise BadRequestError(f'field \'enc\' must be "utf8" or "base64", got {enc!r}')
+
+
+def encode_data(data: bytes, out: dict[str, Any]) -> None:
+    try:
+        out["data"] = data.decode()
+    except UnicodeDecodeError:
+        out["data"] = base64.b64encode(data).decode()
+        out["enc"] = "base64"
+
+
+MAX_DELAY_S = 10 * 365 * 86400.0
+
+
+def draft_from_json(obj: Any, topic: str | None, producer_id: str) -> Draft:
+    """A native message object -> ``Draft``. ``topic`` wins when the route names one."""
+    if not isinstance(obj, dict):
+        raise BadRequestError("each message must be a JSON object")
+    return Draft(
+        topic=topic if topic is not None else get_str(obj, "topic"),
+        data=decode_data(obj),
+        key=get_str(obj, "key", ""),
+        priority=get_int(obj, "priority", 0, lo=0, hi=9),
+        delay_s=get_number(obj, "delay_s", 0.0, lo=0.0, hi=MAX_DELAY_S),
+        deliver_at=get_number(obj, "deliver_at", 0.0, lo=0.0, hi=1e11),
+        ttl_s=get_number(obj, "ttl_s", 0.0, lo=0.0, hi=MAX_DELAY_S),
+        producer_id=producer_id,
+        dedup_id=get_str(obj, "dedup_id", ""),
+    )
+
+
+def message_json(msg: Message, entry: Entry | None = None) -> dict[str, Any]:
+    """The native view of a message (pushes, pull replies, console)."""
+    out: dict[str, Any] = {"code": msg.code, "topic": msg.topic}
+    encode_data(msg.data, out)
+    out["key"] = msg.key
+    out["priority"] = msg.priority
+    out["create_time"] = msg.create_time
+    if msg.deliver_at > msg.create_time:
+        out["deliver_at"] = msg.deliver_at
+    if entry is not None:
+        out["attempts"] = entry.attempts
+        out["redelivered"] = entry.attempts > 1
+    if msg.headers:
+        out["headers"] = msg.headers
+    return out
+
+
+# ---------------------------------------------------------------- KapokMQ compatibility
+
+
+def _ci(obj: Mapping[str, Any], name: str) -> Any:
+    """Look a key up the way Go's encoding/json does: exact first, then case-insensitively."""
+    if name in obj:
+        return obj[name]
+    lower = name.lower()
+    for key, value in obj.items():
+        if key.lower() == lower:
+            return value
+    return None
+
+
+def compat_draft(raw: str | bytes, topic: str, producer_id: str) -> Draft:
+    """A KapokMQ producer frame ``{"MessageData": "...", "DelayTime": 0}`` -> ``Draft``."""
+    obj = decode_object(raw, "message")
+    data = _ci(obj, "MessageData")
+    if data is None:
+        data = ""
+    if not isinstance(data, str):
+        raise BadRequestError("MessageData must be a string")
+    delay = _ci(obj, "DelayTime")
+    if delay is None:
+        delay = 0
+    if isinstance(delay, bool) or not isinstance(delay, int):
+        raise BadRequestError("DelayTime must be an integer number of seconds")
+    if delay > MAX_DELAY_S:
+        raise BadRequestError(f"DelayTime must be at most {int(MAX_DELAY_S)} seconds")
+    # KapokMQ treats a negative delay as "now"; so does Kapok.
+    return Draft(topic=topic, data=data.encode(), delay_s=float(max(delay, 0)), producer_id=producer_id)
+
+
+def compat_message(msg: Message, now: float) -> dict[str, Any]:
+    """The PascalCase message object of KapokMQ (pushes and the console API)."""
+    try:
+        text = msg.data.decode()
+    except UnicodeDecodeError:
+        text = base64.b64encode(msg.data).decode()
+    return {
+        "MessageCode": msg.code,
+        "MessageData": text,
+        "Topic": msg.topic,
+        "CreateTime": int(msg.create_time),
+        "ConsumedTime": int(msg.finished_at),
+        "DelayTime": round(msg.deliver_at - msg.create_time),
+        "Status": msg.wire_status(now),
+    }
+
+
+def compat_push(msg: Message) -> bytes:
+    out = compat_message(msg, msg.create_time)
+    out["Status"] = -1  # a pushed message is pending by definition
+    out["ConsumedTime"] = 0
+    return orjson.dumps(out)

@@ -1,0 +1,225 @@
+"""KapokMQ's console JSON API and Serena's registry route, with their shapes.
+
+All answer HTTP 200 with ``code`` 0 or -1, as KapokMQ does, and need the
+``secretKey`` header. Fixed against KapokMQ: the message list is paged
+(``page``, ``pageSize``; default the first 1,000), a date that does not
+parse is an error instead of a silently different filter, and deleting a
+message removes it everywhere (queues, timers, journal).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any
+
+from aiohttp import web
+
+from kapok.config import Config
+from kapok.core.model import Message
+from kapok.server.auth import KEY_ERROR, key_matches
+from kapok.server.codec import compat_message
+from kapok.server.keys import SERVICE
+from kapok.server.service import BrokerService
+
+__all__ = ["compat_node", "routes"]
+
+routes = web.RouteTableDef()
+
+Handler = Callable[[web.Request, BrokerService], Awaitable[Any]]
+MAX_PAGE = 1000
+DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
+
+
+def _console(path: str) -> Callable[[Handler], Handler]:
+    """Register a POST route with the secretKey check and the KapokMQ envelope."""
+
+    def wrap(handler: Handler) -> Handler:
+        async def route(request: web.Request) -> web.Response:
+            service = request.app[SERVICE]
+            if not key_matches(request.headers.get("secretKey"), service.config.mq.secret_key):
+                service.auth_failures += 1
+                return web.json_response({"code": -1, "msg": KEY_ERROR})
+            try:
+                result = await handler(request, service)
+            except _ConsoleError as exc:
+                service.count_bad_input("console_form")
+                return web.json_response({"code": -1, "msg": str(exc)})
+            return web.json_response(result)
+
+        routes.post(path)(route)
+        return handler
+
+    return wrap
+
+
+class _ConsoleError(Exception):
+    pass
+
+
+async def _form(request: web.Request) -> dict[str, str]:
+    form = await request.post()
+    return {k: v for k, v in form.items() if isinstance(v, str)}
+
+
+@_console("/Console/Ping")
+async def ping(request: web.Request, service: BrokerService) -> Any:
+    return {"code": 0}
+
+
+@_console("/Console/GetClients")
+async def get_clients(request: web.Request, service: BrokerService) -> Any:
+    consumers, producers = [], []
+    for info in service.clients.values():
+        if info.kind == "consumer":
+            consumers.append(
+                {
+                    "ConsumerId": info.client_id,
+                    "Topic": info.topic,
+                    "ConsumerIp": info.ip,
+                    "JoinTime": int(info.since),
+                }
+            )
+        else:
+            producers.append(
+                {
+                    "ProducerId": info.client_id,
+                    "Topic": info.topic,
+                    "ProducerIp": info.ip,
+                    "JoinTime": int(info.since),
+                }
+            )
+    return {"code": 0, "consumers": consumers, "producers": producers}
+
+
+def compat_config(cfg: Config) -> dict[str, Any]:
+    """The 23 keys KapokMQ's console shows, filled from Kapok's equivalents."""
+    sync_on = cfg.replication.role == "slave" or bool(cfg.replication.master)
+    master = cfg.replication.master.split("://", 1)[-1]
+    master_addr, _, master_port = master.partition(":")
+    registry_addr, _, registry_port = (cfg.cluster.seeds[0] if cfg.cluster.seeds else ":").partition(":")
+    return {
+        "pushType": cfg.mq.push_type,
+        "messageChanBuffer": cfg.mq.max_length,
+        "pushMessagesSpeed": 0,
+        "pushCount": 0,
+        "pushRetryTime": int(cfg.mq.ack_timeout_s),
+        "persistentFile": cfg.storage.dir,
+        "isPersistent": 0 if cfg.storage.fsync == "never" else 2,
+        "recoveryStrategy": 1,
+        "persistentTime": int(cfg.storage.snapshot_interval_s),
+        "isCleanConsumed": int(cfg.mq.retain_consumed_s == 0),
+        "isRePush": 1,
+        "isClean": int(cfg.mq.ttl_s > 0),
+        "checkSpeed": 0,
+        "cleanTime": int(cfg.mq.retain_consumed_s),
+        "isCluster": int(cfg.cluster.enabled),
+        "gossipPort": int(cfg.cluster.bind.rpartition(":")[2] or 0),
+        "registryAddr": registry_addr,
+        "registryGossipPort": registry_port,
+        "isSync": int(sync_on),
+        "isSlave": int(cfg.replication.role == "slave"),
+        "masterProtocol": "ws",
+        "masterAddr": master_addr.split("/")[0],
+        "masterPort": master_port.split("/")[0],
+    }
+
+
+@_console("/Console/GetConfig")
+async def get_config(request: web.Request, service: BrokerService) -> Any:
+    return {"code": 0, "data": compat_config(service.config)}
+
+
+def _parse_date(text: str, name: str) -> float | None:
+    if not text:
+        return None
+    try:
+        return datetime.strptime(text.strip(), DATE_FORMAT).timestamp()
+    except ValueError:
+        raise _ConsoleError(f"{name} must look like 2022-02-05 00:00:00") from None
+
+
+def _int_field(form: dict[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    text = form.get(name, "")
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise _ConsoleError(f"{name} must be an integer") from None
+    if not lo <= value <= hi:
+        raise _ConsoleError(f"{name} must be between {lo} and {hi}")
+    return value
+
+
+@_console("/Console/GetMessageList")
+async def get_message_list(request: web.Request, service: BrokerService) -> Any:
+    form = await _form(request)
+    start = _parse_date(form.get("startTime", ""), "startTime")
+    end = _parse_date(form.get("endTime", ""), "endTime")
+    status = _int_field(form, "status", 3, -1, 3)
+    if status == 2:
+        raise _ConsoleError("status must be -1, 0, 1 or 3 (all)")
+    page = _int_field(form, "page", 1, 1, 1_000_000)
+    size = _int_field(form, "pageSize", MAX_PAGE, 1, MAX_PAGE)
+    topic = form.get("topic", "")
+    now = service.now()
+    found: list[Message] = []
+    for msg in service.broker.iter_messages():
+        if topic and msg.topic != topic:
+            continue
+        if (start is not None and msg.create_time < start) or (end is not None and msg.create_time > end):
+            continue
+        if status != 3 and msg.wire_status(now) != status:
+            continue
+        found.append(msg)
+    found.sort(key=lambda m: m.code, reverse=True)  # codes sort by creation time
+    rows = []
+    for msg in found[(page - 1) * size : page * size]:
+        row = compat_message(msg, now)
+        row["MessageData"] = ""  # as in KapokMQ: the list carries no payloads
+        rows.append(row)
+    return {"code": 0, "data": rows, "total": len(found)}
+
+
+@_console("/Console/GetMessage")
+async def get_message(request: web.Request, service: BrokerService) -> Any:
+    form = await _form(request)
+    msg = service.broker.messages.get(form.get("messageCode", ""))
+    if msg is None:
+        return {"code": -1, "data": "error", "msg": "no message with that code"}
+    return {"code": 0, "data": compat_message(msg, service.now())}
+
+
+@_console("/Console/DelMessage")
+async def del_message(request: web.Request, service: BrokerService) -> Any:
+    form = await _form(request)
+    if not service.delete(form.get("messageCode", "")):
+        return {"code": -1, "msg": "no message with that code"}
+    return {"code": 0}
+
+
+@_console("/Console/CountMessage")
+async def count_message(request: web.Request, service: BrokerService) -> Any:
+    now = service.now()
+    counts = {1: 0, 0: 0, -1: 0}
+    for msg in service.broker.iter_messages():
+        counts[msg.wire_status(now)] += 1
+    data = {"all": sum(counts.values()), "consumed": counts[1], "delay": counts[0], "unconsumed": counts[-1]}
+    return {"code": 0, "data": data}
+
+
+def compat_node(service: BrokerService) -> dict[str, str]:
+    """This node as Serena lists it; the gossip view replaces it once clustering lands."""
+    host, port = service.http_host, service.http_port
+    return {"Name": f"mq:{host}:{port}", "Addr": host, "Port": str(port)}
+
+
+@_console("/Console/GetNodes")
+async def get_nodes(request: web.Request, service: BrokerService) -> Any:
+    return [compat_node(service)]
+
+
+@_console("/Registry/GetNodes")
+async def registry_get_nodes(request: web.Request, service: BrokerService) -> Any:
+    return [compat_node(service)]

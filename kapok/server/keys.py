@@ -1,0 +1,24 @@
+"""Typed application keys: the only way handlers reach shared objects."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from kapok.config import Config
+from kapok.server.service import BrokerService
+
+__all__ = ["CONFIG", "CONNECTIONS", "REGISTRY", "SERVICE"]
+
+CONFIG: Final = web.AppKey("config", Config)
+SERVICE: Final = web.AppKey("service", BrokerService)
+# Open WebSocket handlers, so that shutdown can close them and the
+# max_connections limit can be enforced.
+class OpenSockets(set[web.WebSocketResponse]):
+    """The node's open WebSockets."""
+
+
+CONNECTIONS: Final = web.AppKey("connections", OpenSockets)
+REGISTRY: Final = web.AppKey("metrics_registry", CollectorRegistry)

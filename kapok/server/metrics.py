@@ -1,0 +1,87 @@
+"""Prometheus metrics, read from the service at scrape time.
+
+Nothing is counted twice on the hot path: the broker keeps plain integer
+counters and this collector turns them into metric families when
+``/metrics`` is scraped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kapok.server.service import BrokerService
+
+__all__ = ["make_registry"]
+
+_COUNTERS = {
+    "published": "Messages accepted from producers (duplicates excluded)",
+    "duplicates": "Publishes answered from the duplicate filter",
+    "delivered": "Deliveries to consumers, redeliveries included",
+    "redelivered": "Deliveries after the first for a group",
+    "acked": "Messages acknowledged",
+    "nacked": "Negative acknowledgements",
+    "timeouts": "Ack deadlines that passed",
+    "dead_lettered": "Entries moved to a dead-letter topic",
+    "expired": "Messages whose TTL passed",
+    "dropped": "Messages dropped by the drop_oldest overflow policy",
+    "deleted": "Messages deleted from the console or API",
+    "unrouted": "Messages published with no group to receive them",
+}
+
+
+class _ServiceCollector(Collector):
+    def __init__(self, service: BrokerService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[Metric]:
+        service = self.service
+        stats = service.broker.stats
+        for name, doc in _COUNTERS.items():
+            family = CounterMetricFamily(f"kapok_messages_{name}", doc)
+            family.add_metric([], getattr(stats, name))
+            yield family
+        bad = CounterMetricFamily("kapok_bad_input", "Malformed or refused input, by kind", labels=["kind"])
+        for kind, n in sorted(service.bad_input.items()):
+            bad.add_metric([kind], n)
+        yield bad
+        auth = CounterMetricFamily("kapok_auth_failures", "Wrong or missing secret keys")
+        auth.add_metric([], service.auth_failures)
+        yield auth
+        ready = GaugeMetricFamily("kapok_group_ready", "Ready messages per group", labels=["topic", "group"])
+        inflight = GaugeMetricFamily(
+            "kapok_group_inflight", "Unacked deliveries per group", labels=["topic", "group"]
+        )
+        consumers = GaugeMetricFamily(
+            "kapok_group_consumers", "Consumers per group", labels=["topic", "group"]
+        )
+        live = GaugeMetricFamily("kapok_topic_live", "Unfinished messages per topic", labels=["topic"])
+        live_bytes = GaugeMetricFamily(
+            "kapok_topic_live_bytes", "Payload bytes of unfinished messages", labels=["topic"]
+        )
+        delayed = GaugeMetricFamily("kapok_topic_delayed", "Delayed entries per topic", labels=["topic"])
+        for topic in service.broker.topics.values():
+            live.add_metric([topic.name], topic.live_count)
+            live_bytes.add_metric([topic.name], topic.live_bytes)
+            delayed.add_metric([topic.name], topic.delayed_count)
+            for group in topic.groups.values():
+                labels = [topic.name, group.name]
+                ready.add_metric(labels, group.ready_count)
+                inflight.add_metric(labels, group.inflight_count())
+                consumers.add_metric(labels, sum(1 for c in group.consumers if not c.is_pull))
+        yield from (ready, inflight, consumers, live, live_bytes, delayed)
+        clients = GaugeMetricFamily("kapok_clients", "Connected clients")
+        clients.add_metric([], len(service.clients))
+        yield clients
+        stored = GaugeMetricFamily("kapok_messages_stored", "Messages held in memory, retained ones included")
+        stored.add_metric([], len(service.broker.messages))
+        yield stored
+
+
+def make_registry(service: BrokerService) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_ServiceCollector(service))
+    return registry

@@ -1,0 +1,51 @@
+"""Cross-cutting request handling: authentication of /v1 and the one error mapping."""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from kapok.errors import AuthError, KapokError
+from kapok.server.auth import bearer_ok
+from kapok.server.keys import SERVICE
+
+__all__ = ["auth_middleware", "error_middleware"]
+
+log = logging.getLogger("kapok.server")
+
+
+def error_json(code: str, message: str, status: int) -> web.Response:
+    return web.json_response({"error": code, "message": message}, status=status)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Turn every error into ``{"error": code, "message": text}``; never a traceback."""
+    try:
+        return await handler(request)
+    except KapokError as exc:
+        return error_json(exc.code, exc.message, exc.http_status)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = (exc.reason or "error").lower().replace(" ", "_")
+        response = error_json(code, exc.text or exc.reason, exc.status)
+        if "Allow" in exc.headers:
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
+    except Exception:
+        log.exception("unexpected error handling %s %s", request.method, request.path)
+        return error_json("internal", "internal error; see the node's log", 500)
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every ``/v1/`` route needs ``Authorization: Bearer <mq.secret_key>``."""
+    if request.path.startswith("/v1/"):
+        service = request.app[SERVICE]
+        if not bearer_ok(request, service.config.mq.secret_key):
+            service.auth_failures += 1
+            raise AuthError("missing or wrong 'Authorization: Bearer <secret key>' header")
+    return await handler(request)

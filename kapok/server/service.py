@@ -1,0 +1,230 @@
+"""The broker service: the thin driver around the pure ``Broker``.
+
+It owns what the core must not: the clock, the store, the timer that calls
+``tick``, the sockets' sinks, and long-poll waiters. Every operation follows
+the same shape: call the core with ``now``, then ``_settle()`` the outputs:
+pushes go to their connections' outboxes (one frame per consumer per
+event), change records go to the store, long-polls are woken, and the
+timer is re-armed for the core's next deadline. Handlers of every protocol
+call these methods, so all protocols share one set of rules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import zlib
+from collections import Counter
+from collections.abc import Awaitable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from kapok.clock import Clock, SystemClock
+from kapok.config import Config
+from kapok.core.broker import Broker, Draft
+from kapok.core.model import Consumer, Entry
+from kapok.core.topics import Group
+from kapok.storage import MemoryStore, Store
+
+__all__ = ["BrokerService", "ClientInfo", "Sink"]
+
+log = logging.getLogger("kapok.server")
+
+# The timer fires at least this often, so that housekeeping without a
+# deadline of its own (the dedup window) still runs on an idle node.
+MAX_TIMER_S = 1.0
+
+
+class Sink(Protocol):
+    """Where a connection receives what the broker delivers to one of its consumers."""
+
+    def push(self, consumer: Consumer, entries: list[Entry]) -> None: ...
+
+
+@dataclass(slots=True)
+class ClientInfo:
+    """A connected producer or consumer, as the console lists it."""
+
+    kind: str  # "producer" | "consumer"
+    client_id: str
+    topic: str
+    ip: str
+    since: float
+    protocol: str  # "kapokmq" | "v1"
+
+
+class BrokerService:
+    def __init__(self, config: Config, *, store: Store | None = None, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock: Clock = clock or SystemClock()
+        self.store: Store = store or MemoryStore()
+        self.node_name = config.server.node_name
+        # Where clients reach this node; the runner sets the real port after
+        # binding (port 0 picks a free one).
+        self.http_host = config.server.host
+        self.http_port = config.server.port
+        node_id = zlib.crc32(self.node_name.encode())
+        self.broker = Broker(config.mq, node_id, journal=self.store.wants_changes)
+        self.clients: dict[int, ClientInfo] = {}
+        self.bad_input: Counter[str] = Counter()  # by kind, exported in /metrics
+        self.auth_failures = 0
+        self.started_at = self.clock.time()
+        self._sinks: dict[int, Sink] = {}
+        self._waiters: dict[Group, asyncio.Event] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        self._next_client = 1
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        await self.store.start()
+        self._arm_timer()
+
+    async def aclose(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        await self.store.aclose()
+
+    def now(self) -> float:
+        return self.clock.time()
+
+    @property
+    def http_url(self) -> str:
+        host = f"[{self.http_host}]" if ":" in self.http_host else self.http_host
+        return f"http://{host}:{self.http_port}"
+
+    # ------------------------------------------------------------ clients
+
+    def add_client(self, info: ClientInfo) -> int:
+        cid = self._next_client
+        self._next_client += 1
+        self.clients[cid] = info
+        return cid
+
+    def remove_client(self, cid: int) -> None:
+        self.clients.pop(cid, None)
+
+    def count_bad_input(self, kind: str) -> None:
+        self.bad_input[kind] += 1
+
+    # ------------------------------------------------------------ operations
+
+    def publish(self, drafts: Sequence[Draft]) -> tuple[list[str], Awaitable[None] | None]:
+        """Store a batch; returns the codes and what to await before confirming them."""
+        codes = self.broker.publish(drafts, self.now())
+        return codes, self._settle()
+
+    def subscribe(self, sink: Sink, topic: str, **options: object) -> Consumer:
+        consumer = self.broker.subscribe(topic, now=self.now(), **options)  # type: ignore[arg-type]
+        self._sinks[consumer.id] = sink
+        self._settle()
+        return consumer
+
+    def unsubscribe(self, consumer_id: int) -> None:
+        self._sinks.pop(consumer_id, None)
+        self.broker.unsubscribe(consumer_id, self.now())
+        self._settle()
+
+    def ack(self, consumer_id: int, codes: Iterable[str]) -> list[str]:
+        unknown = self.broker.ack(consumer_id, codes, self.now())
+        self._settle()
+        return unknown
+
+    def nack(self, consumer_id: int, codes: Iterable[str], requeue: bool) -> list[str]:
+        unknown = self.broker.nack(consumer_id, codes, requeue, self.now())
+        self._settle()
+        return unknown
+
+    def touch(self, consumer_id: int, codes: Iterable[str]) -> list[str]:
+        unknown = self.broker.touch(consumer_id, codes, self.now())
+        self._settle()
+        return unknown
+
+    def set_prefetch(self, consumer_id: int, prefetch: int) -> None:
+        self.broker.set_prefetch(consumer_id, prefetch, self.now())
+        self._settle()
+
+    def settle_in_group(self, topic: str, group: str | None, codes: Iterable[str], how: str) -> list[str]:
+        now = self.now()
+        grp = self.broker.pull_group(topic, group, now)
+        unknown = self.broker.settle_in_group(topic, grp.name, codes, how, now)
+        self._settle()
+        return unknown
+
+    def delete(self, code: str) -> bool:
+        found = self.broker.delete(code, self.now())
+        self._settle()
+        return found
+
+    async def pull(
+        self, topic: str, group: str | None, max_n: int, lease_s: float, wait_s: float
+    ) -> list[Entry]:
+        """Lease up to ``max_n`` messages, waiting up to ``wait_s`` for the first to arrive."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + wait_s
+        while True:
+            entries = self.broker.pull(topic, group, max_n, lease_s, self.now())
+            self._settle()
+            remaining = give_up - loop.time()
+            if entries or remaining <= 0:
+                return entries
+            grp = self.broker.pull_group(topic, group, self.now())
+            event = self._waiters.setdefault(grp, asyncio.Event())
+            event.clear()
+            grp.waiters += 1
+            try:
+                await asyncio.wait_for(event.wait(), remaining)
+            except TimeoutError:
+                return []
+            finally:
+                grp.waiters -= 1
+                if not grp.waiters:
+                    self._waiters.pop(grp, None)
+
+    # ------------------------------------------------------------ outputs
+
+    def _settle(self) -> Awaitable[None] | None:
+        broker = self.broker
+        pushes = broker.take_pushes()
+        if pushes:
+            consumers = broker.consumers
+            for cid, entries in pushes.items():
+                sink = self._sinks.get(cid)
+                consumer = consumers.get(cid)
+                if sink is not None and consumer is not None:
+                    sink.push(consumer, entries)
+        waiter = None
+        if broker.journal:
+            changes = broker.take_changes()
+            if changes:
+                waiter = self.store.append(changes)
+        if self._waiters:
+            for group in broker.take_woken():
+                event = self._waiters.get(group)
+                if event is not None:
+                    event.set()
+        self._arm_timer()
+        return waiter
+
+    def _arm_timer(self) -> None:
+        now = self.now()
+        due = self.broker.next_deadline()
+        target = min(due if due is not None else math.inf, now + MAX_TIMER_S)
+        if target >= self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = target
+        self._timer = asyncio.get_running_loop().call_later(max(target - now, 0.0), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = math.inf
+        try:
+            self.broker.tick(self.now())
+        except Exception:  # a bug must not stop the node's clock
+            log.exception("broker tick failed")
+        self._settle()

@@ -1,0 +1,169 @@
+"""The native HTTP API (JSON): publish, pull with leases, ack/nack, topic stats.
+
+Errors are ``{"error": <code>, "message": <text>}`` with the status of the
+error class (see ``kapok.errors``); the error middleware writes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from kapok.core.topics import Topic
+from kapok.errors import BadRequestError, MessageNotFoundError
+from kapok.server.codec import decode_object, draft_from_json, get_bool, get_codes, get_str, message_json
+from kapok.server.keys import SERVICE
+
+__all__ = ["routes", "topic_stats"]
+
+routes = web.RouteTableDef()
+
+MAX_PULL = 1000
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    return decode_object(await request.read(), "request body")
+
+
+@routes.post("/v1/topics/{topic}/messages")
+async def publish(request: web.Request) -> web.Response:
+    """Body: one message object, or ``{"messages": [...]}``; answer ``{"codes": [...]}``."""
+    service = request.app[SERVICE]
+    body = await _json_body(request)
+    topic = request.match_info["topic"]
+    producer = request.headers.get("X-Kapok-Producer", "")[:255] or f"http:{request.remote}"
+    if "messages" in body:
+        items = body["messages"]
+        limit = service.config.server.max_batch
+        if not isinstance(items, list) or not 1 <= len(items) <= limit:
+            raise BadRequestError(f"'messages' must be a list of 1 to {limit} messages")
+    else:
+        items = [body]
+    codes, durable = service.publish([draft_from_json(item, topic, producer) for item in items])
+    if durable is not None:
+        await durable
+    return web.json_response({"codes": codes})
+
+
+def _query_number(request: web.Request, name: str, default: float, lo: float, hi: float) -> float:
+    text = request.query.get(name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise BadRequestError(f"query parameter {name!r} must be a number, got {text!r}") from None
+    if not lo <= value <= hi:
+        raise BadRequestError(f"query parameter {name!r} must be between {lo:g} and {hi:g}")
+    return value
+
+
+@routes.get("/v1/topics/{topic}/messages")
+async def pull(request: web.Request) -> web.Response:
+    """Lease messages: ``group``, ``max`` (1-1000), ``wait`` (long-poll seconds), ``lease_s``.
+
+    Leased messages must be acked by code before the lease ends, or they are
+    delivered again (counting toward ``max_deliveries``).
+    """
+    service = request.app[SERVICE]
+    topic = request.match_info["topic"]
+    cfg = service.config
+    max_n = int(_query_number(request, "max", 1, 1, MAX_PULL))
+    wait_s = _query_number(request, "wait", 0.0, 0.0, cfg.server.long_poll_max_s)
+    lease_s = _query_number(request, "lease_s", cfg.mq.topic(topic).ack_timeout_s, 0.001, 86400.0)
+    group = request.query.get("group")
+    entries = await service.pull(topic, group, max_n, lease_s, wait_s)
+    messages = []
+    for entry in entries:
+        item = message_json(entry.msg, entry)
+        item["group"] = entry.group.name
+        item["lease_until"] = entry.deadline
+        messages.append(item)
+    return web.json_response({"messages": messages})
+
+
+async def _settle(request: web.Request, how: str) -> web.Response:
+    service = request.app[SERVICE]
+    body = await _json_body(request)
+    group = body.get("group")
+    if group is not None and not isinstance(group, str):
+        raise BadRequestError("field 'group' must be a string")
+    codes = get_codes(body)
+    if how == "nack" and not get_bool(body, "requeue", True):
+        how = "reject"
+    elif how == "nack":
+        how = "requeue"
+    unknown = service.settle_in_group(request.match_info["topic"], group, codes, how)
+    return web.json_response({"settled": len(codes) - len(unknown), "unknown": unknown})
+
+
+@routes.post("/v1/topics/{topic}/ack")
+async def ack(request: web.Request) -> web.Response:
+    """Body ``{"group": g, "codes": [...]}``; unknown codes are listed, the rest settled."""
+    return await _settle(request, "ack")
+
+
+@routes.post("/v1/topics/{topic}/nack")
+async def nack(request: web.Request) -> web.Response:
+    """Body ``{"group": g, "codes": [...], "requeue": true}``; ``requeue: false`` dead-letters."""
+    return await _settle(request, "nack")
+
+
+def topic_stats(topic: Topic) -> dict[str, Any]:
+    groups = [
+        {
+            "name": group.name,
+            "durable": group.durable,
+            "ready": group.ready_count,
+            "inflight": group.inflight_count(),
+            "consumers": sum(1 for c in group.consumers if not c.is_pull),
+        }
+        for group in topic.groups.values()
+    ]
+    return {
+        "name": topic.name,
+        "mode": "p2p" if topic.cfg.push_type == 1 else "pubsub",
+        "live": topic.live_count,
+        "live_bytes": topic.live_bytes,
+        "delayed": topic.delayed_count,
+        "groups": groups,
+    }
+
+
+@routes.get("/v1/topics")
+async def list_topics(request: web.Request) -> web.Response:
+    broker = request.app[SERVICE].broker
+    return web.json_response({"topics": [topic_stats(t) for t in broker.topics.values()]})
+
+
+@routes.get("/v1/topics/{topic}")
+async def get_topic(request: web.Request) -> web.Response:
+    broker = request.app[SERVICE].broker
+    topic = broker.topics.get(request.match_info["topic"])
+    if topic is None:
+        raise MessageNotFoundError(f"no topic {request.match_info['topic']!r}")
+    return web.json_response(topic_stats(topic))
+
+
+@routes.get("/v1/messages/{code}")
+async def get_message(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    msg = service.broker.messages.get(request.match_info["code"])
+    if msg is None:
+        raise MessageNotFoundError("no message with that code")
+    out = message_json(msg)
+    out["groups"] = {
+        name: {"status": e.status.value, "attempts": e.attempts} for name, e in msg.entries.items()
+    }
+    out["finished_at"] = msg.finished_at or None
+    return web.json_response(out)
+
+
+@routes.delete("/v1/messages/{code}")
+async def delete_message(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    code = get_str({"code": request.match_info["code"]}, "code")
+    if not service.delete(code):
+        raise MessageNotFoundError("no message with that code")
+    return web.json_response({"deleted": code})

@@ -1,0 +1,236 @@
+"""The native protocol: JSON frames over one WebSocket at ``/v1/ws``.
+
+Every request may carry an ``id``; replies and errors echo it. Frame types
+(all documented in the README):
+
+    client -> server   pub, sub, unsub, ack, nack, touch, credit, ping, pong
+    server -> client   puback, subok, ok, msg, error, ping, pong
+
+``puback`` is sent only once the batch is durable under ``storage.fsync``.
+Pushes for one subscription are batched into ``msg`` frames. Errors never
+close the connection; they answer the request that caused them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from aiohttp import WSMsgType, web
+
+from kapok.core.model import Consumer, Entry
+from kapok.errors import BadRequestError, KapokError, SubscriptionError, UnknownCodeError, UnknownOpError
+from kapok.server.codec import (
+    decode_object,
+    draft_from_json,
+    get_bool,
+    get_codes,
+    get_int,
+    get_str,
+    message_json,
+)
+from kapok.server.keys import SERVICE
+from kapok.server.outbox import Outbox
+from kapok.server.service import BrokerService, ClientInfo
+from kapok.server.wsbase import open_ws
+
+__all__ = ["NativeConnection", "routes"]
+
+log = logging.getLogger("kapok.server")
+
+routes = web.RouteTableDef()
+
+# Pushes are cut into frames of about this many payload bytes, so one
+# frame never holds a whole prefetch window of large messages.
+PUSH_FRAME_BYTES = 256 * 1024
+
+
+def error_frame(exc: KapokError, rid: Any) -> bytes:
+    frame: dict[str, Any] = {"op": "error", "id": rid, "code": exc.code, "message": exc.message}
+    if isinstance(exc, UnknownCodeError):
+        frame["codes"] = exc.codes
+    return orjson.dumps(frame)
+
+
+class NativeConnection:
+    """One ``/v1/ws`` client: its subscriptions and the handlers of its frames."""
+
+    def __init__(self, service: BrokerService, outbox: Outbox, name: str) -> None:
+        self.service = service
+        self.outbox = outbox
+        self.name = name
+        self.subs: dict[int, Consumer] = {}
+        self._sub_rid: Any = None
+        self._ops: dict[str, Callable[[dict[str, Any], Any], None]] = {
+            "pub": self.on_pub,
+            "sub": self.on_sub,
+            "unsub": self.on_unsub,
+            "ack": self.on_ack,
+            "nack": self.on_nack,
+            "touch": self.on_touch,
+            "credit": self.on_credit,
+            "ping": self.on_ping,
+            "pong": self.on_pong,
+        }
+
+    def handle(self, raw: str | bytes) -> None:
+        rid: Any = None
+        try:
+            frame = decode_object(raw)
+            rid = frame.get("id")
+            op = frame.get("op")
+            handler = self._ops.get(op) if isinstance(op, str) else None
+            if handler is None:
+                raise UnknownOpError(f"unknown op {op!r}; expected one of {', '.join(self._ops)}")
+            handler(frame, rid)
+        except KapokError as exc:
+            self.service.count_bad_input(f"v1_{exc.code}")
+            self.outbox.send(error_frame(exc, rid))
+        except Exception:  # a bug: keep the connection and the node alive
+            log.exception("unexpected error handling a /v1/ws frame")
+            self.outbox.send(error_frame(KapokError("internal error; see the node's log"), rid))
+
+    def reply(self, rid: Any, frame: dict[str, Any]) -> None:
+        if rid is not None:
+            frame["id"] = rid
+            self.outbox.send(orjson.dumps(frame))
+
+    # ------------------------------------------------------------ producing
+
+    def on_pub(self, frame: dict[str, Any], rid: Any) -> None:
+        msgs = frame.get("msgs")
+        limit = self.service.config.server.max_batch
+        if not isinstance(msgs, list) or not 1 <= len(msgs) <= limit:
+            raise BadRequestError(f"'msgs' must be a list of 1 to {limit} messages")
+        topic = frame.get("topic")
+        if topic is not None and not isinstance(topic, str):
+            raise BadRequestError("field 'topic' must be a string")
+        drafts = [draft_from_json(m, topic if "topic" not in m else None, self.name) for m in msgs]
+        codes, durable = self.service.publish(drafts)
+        self.outbox.send(orjson.dumps({"op": "puback", "id": rid, "codes": codes}), after=durable)
+
+    # ------------------------------------------------------------ consuming
+
+    def on_sub(self, frame: dict[str, Any], rid: Any) -> None:
+        ack_mode = get_str(frame, "ack", "manual")
+        if ack_mode not in ("manual", "auto"):
+            raise BadRequestError('field \'ack\' must be "manual" or "auto"')
+        group = frame.get("group")
+        if group is not None and not isinstance(group, str):
+            raise BadRequestError("field 'group' must be a string")
+        key = frame.get("key")
+        if key is not None and not isinstance(key, str):
+            raise BadRequestError("field 'key' must be a string")
+        self._sub_rid = rid
+        consumer = self.service.subscribe(
+            self,
+            get_str(frame, "topic"),
+            group=group,
+            key=key,
+            prefetch=get_int(frame, "prefetch", self.service.config.mq.prefetch, lo=1, hi=1_000_000),
+            auto_ack=ack_mode == "auto",
+            weight=get_int(frame, "weight", 1, lo=1, hi=1000),
+            name=self.name,
+        )
+        if consumer.id not in self.subs:
+            self._confirm(consumer)
+
+    def _confirm(self, consumer: Consumer) -> None:
+        # subok must precede the subscription's first msg frame, which the
+        # broker may produce inside subscribe() already.
+        self.subs[consumer.id] = consumer
+        self.outbox.send(
+            orjson.dumps(
+                {"op": "subok", "id": self._sub_rid, "sub": consumer.id, "group": consumer.group.name}
+            )
+        )
+
+    def push(self, consumer: Consumer, entries: list[Entry]) -> None:
+        if consumer.id not in self.subs:
+            self._confirm(consumer)
+        on_sent = None
+        start = 0
+        size = 0
+        for i, entry in enumerate(entries):
+            size += len(entry.msg.data)
+            if size >= PUSH_FRAME_BYTES or i == len(entries) - 1:
+                chunk = entries[start : i + 1]
+                if consumer.auto_ack:
+                    on_sent = self._auto_acker(consumer.id, [e.msg.code for e in chunk])
+                frame = {"op": "msg", "sub": consumer.id, "msgs": [message_json(e.msg, e) for e in chunk]}
+                self.outbox.send(orjson.dumps(frame), on_sent=on_sent)
+                start, size = i + 1, 0
+
+    def _auto_acker(self, consumer_id: int, codes: list[str]) -> Callable[[], None]:
+        def ack() -> None:
+            if consumer_id in self.subs:
+                self.service.ack(consumer_id, codes)
+
+        return ack
+
+    def _sub(self, frame: dict[str, Any]) -> int:
+        sub = frame.get("sub")
+        if isinstance(sub, bool) or not isinstance(sub, int) or sub not in self.subs:
+            raise SubscriptionError(f"no subscription {sub!r} on this connection")
+        return sub
+
+    def on_unsub(self, frame: dict[str, Any], rid: Any) -> None:
+        sub = self._sub(frame)
+        del self.subs[sub]
+        self.service.unsubscribe(sub)
+        self.reply(rid, {"op": "ok"})
+
+    def _settled(self, rid: Any, unknown: list[str]) -> None:
+        if unknown:
+            raise UnknownCodeError(f"{len(unknown)} code(s) are not held by this subscription", unknown)
+        self.reply(rid, {"op": "ok"})
+
+    def on_ack(self, frame: dict[str, Any], rid: Any) -> None:
+        sub = self._sub(frame)
+        self._settled(rid, self.service.ack(sub, get_codes(frame)))
+
+    def on_nack(self, frame: dict[str, Any], rid: Any) -> None:
+        sub = self._sub(frame)
+        requeue = get_bool(frame, "requeue", True)
+        self._settled(rid, self.service.nack(sub, get_codes(frame), requeue))
+
+    def on_touch(self, frame: dict[str, Any], rid: Any) -> None:
+        sub = self._sub(frame)
+        self._settled(rid, self.service.touch(sub, get_codes(frame)))
+
+    def on_credit(self, frame: dict[str, Any], rid: Any) -> None:
+        sub = self._sub(frame)
+        self.service.set_prefetch(sub, get_int(frame, "prefetch", None, lo=1, hi=1_000_000))
+        self.reply(rid, {"op": "ok"})
+
+    def on_ping(self, frame: dict[str, Any], rid: Any) -> None:
+        self.outbox.send(orjson.dumps({"op": "pong", "id": rid}))
+
+    def on_pong(self, frame: dict[str, Any], rid: Any) -> None:
+        return None  # any frame proves liveness; aiohttp's heartbeat does the rest
+
+    def close(self) -> None:
+        for sub in list(self.subs):
+            self.service.unsubscribe(sub)
+        self.subs.clear()
+
+
+@routes.get("/v1/ws")
+async def native_ws(request: web.Request) -> web.StreamResponse:
+    service = request.app[SERVICE]  # the auth middleware has checked the key
+    name = request.query.get("client", "")[:255] or f"ws-{request.remote}"
+    async with open_ws(request, text=False) as (ws, outbox):
+        conn = NativeConnection(service, outbox, name)
+        info = ClientInfo("client", name, "", request.remote or "", service.now(), "v1")
+        client = service.add_client(info)
+        try:
+            async for msg in ws:
+                if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                    conn.handle(msg.data)
+                    await outbox.wait_writable()
+        finally:
+            service.remove_client(client)
+            conn.close()
+    return ws

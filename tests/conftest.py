@@ -1,0 +1,61 @@
+"""Shared fixtures: real nodes on 127.0.0.1 with port 0, configured per test."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from kapok.config import Config, load_config
+from kapok.server.app import make_app
+from kapok.server.keys import SERVICE
+from kapok.server.service import BrokerService
+
+SECRET = "test"
+
+NodeFactory = Callable[..., Awaitable["Node"]]
+
+
+class Node:
+    """A running in-process node: its test server, service and base URLs."""
+
+    def __init__(self, server: TestServer, app: web.Application) -> None:
+        self.server = server
+        self.app = app
+        self.service: BrokerService = app[SERVICE]
+        self.service.http_port = server.port or 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.server.port}"
+
+
+def make_config(*sets: str) -> Config:
+    """Defaults plus ``--set``-style overrides; the environment is ignored."""
+    return load_config(None, overrides=list(sets), env={})
+
+
+@pytest.fixture
+async def make_node(aiohttp_server: Callable[..., Awaitable[TestServer]]) -> NodeFactory:
+    async def factory(*sets: str) -> Node:
+        app = make_app(make_config(*sets))
+        server = await aiohttp_server(app, host="127.0.0.1", port=0)
+        return Node(server, app)
+
+    return factory
+
+
+@pytest.fixture
+async def node(make_node: NodeFactory) -> Node:
+    return await make_node()
+
+
+@pytest.fixture
+def auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {SECRET}"}

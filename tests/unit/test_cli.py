@@ -1,0 +1,149 @@
+"""The ``kapok`` command: version, serve's config resolution, one-line errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import kapok
+from kapok.cli import main
+from kapok.config import Config
+from kapok.errors import BrokerError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_kapok(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m kapok ARGS`` in a clean environment (no inherited KAPOK_* settings)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KAPOK_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "kapok", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int, *fragments: str) -> None:
+    assert result.returncode == code, result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("kapok: error: ")
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+# --- as a subprocess --------------------------------------------------------------------
+
+
+def test_version_subcommand(tmp_path: Path) -> None:
+    result = run_kapok("version", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"kapok {kapok.__version__}"
+    assert kapok.__version__ == "0.1.0"
+
+
+def test_bad_set_is_one_line_exit_2(tmp_path: Path) -> None:
+    result = run_kapok("serve", "--set", "server.port=abc", cwd=tmp_path)
+    assert_one_line_error(result, 2, "server.port: expected an integer between 0 and 65535, got 'abc'")
+
+
+def test_missing_config_file_is_one_line_exit_2(tmp_path: Path) -> None:
+    result = run_kapok("serve", "-c", "missing.yaml", cwd=tmp_path)
+    assert_one_line_error(result, 2, "missing.yaml", "not found")
+
+
+def test_usage_error_is_one_line_exit_2(tmp_path: Path) -> None:
+    assert_one_line_error(run_kapok("frobnicate", cwd=tmp_path), 2, "frobnicate")
+    assert_one_line_error(run_kapok(cwd=tmp_path), 2, "required")
+
+
+# --- in process, with a fake server runner ----------------------------------------------
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Config]:
+    """Replace kapok.server.runner with a fake whose ``serve`` records its config."""
+    calls: list[Config] = []
+    fake = types.ModuleType("kapok.server.runner")
+    fake.serve = calls.append  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "kapok.server.runner", fake)
+    monkeypatch.chdir(tmp_path)
+    for name in [k for k in os.environ if k.startswith("KAPOK_")]:
+        monkeypatch.delenv(name)
+    return calls
+
+
+def test_serve_without_file_uses_defaults(served: list[Config]) -> None:
+    assert main(["serve"]) == 0
+    assert served == [Config.default()]
+
+
+def test_serve_uses_application_yaml_in_cwd(served: list[Config], tmp_path: Path) -> None:
+    (tmp_path / "application.yaml").write_text("server: {port: 9999}\n", encoding="utf-8")
+    assert main(["serve"]) == 0
+    assert served[0].server.port == 9999
+
+
+def test_serve_config_file_then_env_then_set(
+    served: list[Config], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "other.yaml"
+    path.write_text("server: {port: 1, max_batch: 5}\nmq: {prefetch: 2}\n", encoding="utf-8")
+    monkeypatch.setenv("KAPOK_SERVER_PORT", "3")
+    monkeypatch.setenv("KAPOK_MQ_PREFETCH", "4")
+    assert main(["serve", "--config", str(path), "--set", "server.port=6", "--set", "log.level=debug"]) == 0
+    (config,) = served
+    assert (config.server.port, config.server.max_batch, config.mq.prefetch) == (6, 5, 4)
+    assert config.log.level == "debug"
+
+
+def test_serve_error_from_runner_is_one_line_exit_1(
+    served: list[Config], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def port_in_use(config: Config) -> None:
+        raise OSError(98, "address already in use")
+
+    monkeypatch.setattr(sys.modules["kapok.server.runner"], "serve", port_in_use)
+    assert main(["serve"]) == 1
+    err = capsys.readouterr().err
+    assert err == "kapok: error: [Errno 98] address already in use\n"
+
+
+def test_serve_broker_error_is_exit_1(
+    served: list[Config], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(config: Config) -> None:
+        raise BrokerError("storage directory is locked\nby another node")
+
+    monkeypatch.setattr(sys.modules["kapok.server.runner"], "serve", broken)
+    assert main(["serve"]) == 1
+    assert capsys.readouterr().err == "kapok: error: storage directory is locked by another node\n"
+
+
+def test_serve_config_error_is_exit_2_and_runner_not_called(
+    served: list[Config], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KAPOK_SERVER_HOST", "0.0.0.0")
+    assert main(["serve"]) == 2
+    assert served == []
+    assert capsys.readouterr().err.startswith("kapok: error: mq.secret_key: refusing to start")
+
+
+def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "serve" in out and "version" in out
+    assert main(["version"]) == 0
+    assert capsys.readouterr().out == f"kapok {kapok.__version__}\n"
