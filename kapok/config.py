@@ -111,7 +111,7 @@ class ServerConfig:
     auth_timeout_s: float = _opt(10.0, gt=0)  # seconds to complete the WebSocket secret-key handshake
     auth_max_attempts: int = _opt(3, lo=1)  # wrong keys before the connection is closed
     heartbeat_s: float = _opt(30.0, gt=0)  # seconds between WebSocket pings
-    send_queue_max_bytes: int = _opt(16 * _MIB, lo=1)  # bytes queued per consumer connection
+    send_queue_max_bytes: int = _opt(16 * _MIB, lo=1)  # bytes queued to a connection before its reads pause
     long_poll_max_s: float = _opt(60.0, gt=0)  # longest `wait` of an HTTP pull, seconds
     max_batch: int = _opt(1000, lo=1)  # messages per pub frame / HTTP batch
 
@@ -159,7 +159,7 @@ class MqConfig:
     ack_timeout_s: float = _opt(60.0, gt=0)  # seconds before an unacked delivery is retried
     max_deliveries: int = _opt(5, lo=0)  # attempts before dead-lettering to <topic>.dlq, 0 = unlimited
     prefetch: int = _opt(100, lo=1)  # default unacked messages out to one consumer
-    max_message_bytes: int = _opt(1048576, lo=1)  # largest payload accepted, bytes
+    max_message_bytes: int = _opt(1048576, lo=1, hi=64 * _MIB)  # largest payload accepted, bytes
     dedup_window_s: float = _opt(86400.0, gt=0)  # seconds a dedup_id is remembered
     dedup_max_entries: int = _opt(1_000_000, lo=1)  # dedup ids remembered at most (oldest evicted)
     max_length: int = _opt(0, lo=0)  # messages held per topic, 0 = unlimited
@@ -168,7 +168,7 @@ class MqConfig:
     ttl_s: float = _opt(0.0, lo=0)  # default message TTL, seconds, 0 = none
     expired: str = _opt("drop", choices=("drop", "dead_letter"))  # fate of an expired message
     retain_consumed_s: float = _opt(3600.0, lo=0)  # seconds a consumed message stays inspectable
-    retain_consumed_max: int = _opt(100_000, lo=0)  # consumed messages kept at most per topic
+    retain_consumed_max: int = _opt(100_000, lo=0)  # consumed messages kept at most (whole node)
     producer_rate: float = _opt(0.0, lo=0)  # messages/s per producer, 0 = unlimited
     producer_burst: int = _opt(1000, lo=1)  # token-bucket size of that limit, messages
     topics: Mapping[str, TopicOverride] = field(default_factory=FrozenMap)  # per-topic overrides
@@ -501,11 +501,6 @@ def validate_config(config: Config) -> None:
     server, mq, cluster, repl = config.server, config.mq, config.cluster, config.replication
     if not server.host:
         raise ConfigError("server.host: must not be empty")
-    if mq.max_message_bytes > server.send_queue_max_bytes:
-        raise ConfigError(
-            f"mq.max_message_bytes: {mq.max_message_bytes} is larger than server.send_queue_max_bytes "
-            f"({server.send_queue_max_bytes}); such a message could never be delivered"
-        )
     _check_host_port(cluster.bind, "cluster.bind", min_port=0)
     if cluster.advertise:
         _check_host_port(cluster.advertise, "cluster.advertise", min_port=1)

@@ -37,7 +37,13 @@ from kapok.core.limits import DedupWindow, RateLimiter
 from kapok.core.model import Consumer, Entry, Message, Status, make_code
 from kapok.core.routing import compile_pattern
 from kapok.core.topics import DEFAULT_GROUP, Group, Topic
-from kapok.errors import BadRequestError, QueueFullError, RateLimitedError, SubscriptionError
+from kapok.errors import (
+    BadRequestError,
+    MessageTooLargeError,
+    QueueFullError,
+    RateLimitedError,
+    SubscriptionError,
+)
 
 __all__ = ["Broker", "Draft", "Stats"]
 
@@ -181,7 +187,7 @@ class Broker:
         per_producer: dict[str, int] = {}
         for d in drafts:
             if len(d.data) > max_bytes:
-                raise BadRequestError(
+                raise MessageTooLargeError(
                     f"message of {len(d.data)} bytes is over max_message_bytes ({max_bytes})"
                 )
             if not 0 <= d.priority <= MAX_PRIORITY:

@@ -14,6 +14,8 @@ __all__ = ["CONFIG", "CONNECTIONS", "REGISTRY", "SERVICE"]
 
 CONFIG: Final = web.AppKey("config", Config)
 SERVICE: Final = web.AppKey("service", BrokerService)
+
+
 # Open WebSocket handlers, so that shutdown can close them and the
 # max_connections limit can be enforced.
 class OpenSockets(set[web.WebSocketResponse]):

@@ -1,0 +1,1 @@
+"""The node's network side: ``make_app(config)`` and the drivers behind each protocol."""

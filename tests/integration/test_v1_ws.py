@@ -1,0 +1,595 @@
+"""The native WebSocket protocol at ``/v1/ws``, over real sockets with a raw aiohttp client.
+
+Frames of different ops are matched by ``op`` and ``id``, never by arrival
+order: after a ``pub``, the ``msg`` push to a subscriber on the same
+connection may come before the ``puback``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+
+CODE_RE = re.compile(r"^[0-9a-f]{32}$")
+
+Frame = dict[str, Any]
+
+
+class Ws:
+    """A raw ``/v1/ws`` client that buffers frames it was not asked for yet."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self.pending: list[Frame] = []
+        self._rid = 0
+
+    async def send(self, op: str, **fields: Any) -> int:
+        self._rid += 1
+        rid = self._rid
+        await self.ws.send_str(json.dumps({"op": op, "id": rid, **fields}))
+        return rid
+
+    async def _read(self, timeout: float) -> Frame:
+        msg = await self.ws.receive(timeout=timeout)
+        if msg.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
+            text = msg.data if isinstance(msg.data, str) else msg.data.decode()
+            assert "Traceback" not in text
+            frame = json.loads(text)
+            assert isinstance(frame, dict), frame
+            return frame
+        raise AssertionError(f"connection ended: {msg.type} {msg.data!r} {msg.extra!r}")
+
+    async def poll(self, pred: Callable[[Frame], bool], timeout: float) -> Frame | None:
+        """The first frame matching ``pred`` (buffered or new), or None after ``timeout``."""
+        for i, frame in enumerate(self.pending):
+            if pred(frame):
+                return self.pending.pop(i)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while (remaining := deadline - loop.time()) > 0:
+            try:
+                frame = await self._read(remaining)
+            except TimeoutError:
+                return None
+            if pred(frame):
+                return frame
+            self.pending.append(frame)
+        return None
+
+    async def expect(self, pred: Callable[[Frame], bool], timeout: float = 3.0) -> Frame:
+        frame = await self.poll(pred, timeout)
+        assert frame is not None, f"no matching frame within {timeout}s; unmatched: {self.pending}"
+        return frame
+
+    async def reply(self, rid: int, timeout: float = 3.0) -> Frame:
+        return await self.expect(lambda f: f.get("id") == rid and f.get("op") != "msg", timeout)
+
+    async def request(self, op: str, **fields: Any) -> Frame:
+        return await self.reply(await self.send(op, **fields))
+
+    async def pub(self, topic: str, *msgs: str | Frame) -> list[str]:
+        items = [m if isinstance(m, dict) else {"data": m} for m in msgs]
+        answer = await self.request("pub", topic=topic, msgs=items)
+        assert answer["op"] == "puback", answer
+        return answer["codes"]
+
+    async def sub(self, topic: str, **opts: Any) -> int:
+        answer = await self.request("sub", topic=topic, **opts)
+        assert answer["op"] == "subok", answer
+        return answer["sub"]
+
+    async def msgs(self, sub: int, n: int, timeout: float = 3.0) -> list[Frame]:
+        """At least ``n`` pushed messages of ``sub``, in arrival order."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        out: list[Frame] = []
+        while len(out) < n:
+            frame = await self.poll(
+                lambda f: f.get("op") == "msg" and f.get("sub") == sub, deadline - loop.time()
+            )
+            assert frame is not None, f"got {len(out)} of {n} messages within {timeout}s"
+            out.extend(frame["msgs"])
+        return out
+
+    async def quiet(self, sub: int, duration: float) -> None:
+        """Assert that no message for ``sub`` arrives within ``duration``."""
+        frame = await self.poll(lambda f: f.get("op") == "msg" and f.get("sub") == sub, duration)
+        assert frame is None, f"unexpected push: {frame}"
+
+    async def ack(self, sub: int, codes: list[str]) -> None:
+        answer = await self.request("ack", sub=sub, codes=codes)
+        assert answer["op"] == "ok", answer
+
+
+Connect = Callable[..., Awaitable[Ws]]
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+@pytest.fixture
+async def connect(session: aiohttp.ClientSession, auth: dict[str, str]) -> AsyncIterator[Connect]:
+    opened: list[aiohttp.ClientWebSocketResponse] = []
+
+    async def _connect(node: Any, client: str | None = None) -> Ws:
+        url = node.ws_url + "/v1/ws" + (f"?client={client}" if client else "")
+        ws = await session.ws_connect(url, headers=auth)
+        opened.append(ws)
+        return Ws(ws)
+
+    yield _connect
+    for ws in opened:
+        await ws.close()
+
+
+def datas(msgs: list[Frame]) -> list[str]:
+    return [m["data"] for m in msgs]
+
+
+# ---------------------------------------------------------------- auth
+
+
+def _upgrade_headers() -> dict[str, str]:
+    return {
+        "Connection": "Upgrade",
+        "Upgrade": "websocket",
+        "Sec-WebSocket-Version": "13",
+        "Sec-WebSocket-Key": base64.b64encode(os.urandom(16)).decode(),
+    }
+
+
+@pytest.mark.parametrize("authorization", [None, "Bearer wrong", "Basic test", "Bearer"])
+async def test_upgrade_without_right_bearer_is_401_json(
+    node: Any, session: aiohttp.ClientSession, authorization: str | None
+) -> None:
+    headers = _upgrade_headers()
+    if authorization is not None:
+        headers["Authorization"] = authorization
+    async with session.get(node.url + "/v1/ws", headers=headers) as resp:
+        assert resp.status == 401
+        assert resp.content_type == "application/json"
+        body = await resp.json()
+    assert body["error"] == "unauthorized"
+    assert isinstance(body["message"], str) and body["message"]
+    with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+        extra = {"Authorization": authorization} if authorization else {}
+        await session.ws_connect(node.ws_url + "/v1/ws", headers=extra)
+    assert info.value.status == 401
+
+
+# ---------------------------------------------------------------- publish and subscribe
+
+
+async def test_pub_batch_gets_codes_in_order(node: Any, connect: Connect) -> None:
+    c = await connect(node)
+    codes = await c.pub("orders", "a", "b", "c")
+    assert len(codes) == 3 and len(set(codes)) == 3
+    assert all(CODE_RE.match(code) for code in codes)
+    assert codes == sorted(codes)  # sortable by creation
+    sub = await c.sub("orders")
+    got = await c.msgs(sub, 3)
+    assert [m["code"] for m in got] == codes
+    assert datas(got) == ["a", "b", "c"]
+    first = got[0]
+    assert first["topic"] == "orders" and first["attempts"] == 1 and first["redelivered"] is False
+    assert first["priority"] == 0 and first["key"] == ""
+
+
+async def test_pub_with_per_message_topics(node: Any, connect: Connect) -> None:
+    c = await connect(node)
+    answer = await c.request("pub", msgs=[{"topic": "t1", "data": "x"}, {"topic": "t2", "data": "y"}])
+    assert answer["op"] == "puback" and len(answer["codes"]) == 2
+    s1 = await c.sub("t1")
+    s2 = await c.sub("t2")
+    assert datas(await c.msgs(s1, 1)) == ["x"]
+    assert datas(await c.msgs(s2, 1)) == ["y"]
+
+
+async def test_subok_comes_before_the_first_msg(node: Any, connect: Connect) -> None:
+    c = await connect(node)
+    await c.pub("jobs", "1", "2", "3")
+    rid = await c.send("sub", topic="jobs", prefetch=10)
+    first = await c._read(3.0)
+    assert first == {"op": "subok", "id": rid, "sub": first["sub"], "group": "default"}
+    got = await c.msgs(first["sub"], 3)
+    assert datas(got) == ["1", "2", "3"]
+
+
+async def test_pushes_are_batched_into_few_frames(node: Any, connect: Connect) -> None:
+    c = await connect(node)
+    await c.pub("bulk", *[str(i) for i in range(50)])
+    sub = await c.sub("bulk", prefetch=100)
+    frames = 0
+    got: list[Frame] = []
+    while len(got) < 50:
+        frame = await c.expect(lambda f: f.get("op") == "msg" and f.get("sub") == sub)
+        frames += 1
+        got.extend(frame["msgs"])
+    assert datas(got) == [str(i) for i in range(50)]
+    assert frames < 50
+
+
+async def test_prefetch_limits_unacked_and_credit_raises_it(node: Any, connect: Connect) -> None:
+    c = await connect(node)
+    await c.pub("flow", *[str(i) for i in range(20)])
+    sub = await c.sub("flow", prefetch=5)
+    first = await c.msgs(sub, 5)
+    assert datas(first) == ["0", "1", "2", "3", "4"]
+    await c.quiet(sub, 0.3)
+    answer = await c.request("credit", sub=sub, prefetch=8)
+    assert answer["op"] == "ok"
+    more = await c.msgs(sub, 3)
+    assert datas(more) == ["5", "6", "7"]
+    await c.quiet(sub, 0.2)
+    await c.ack(sub, [m["code"] for m in first + more])
+    rest = await c.msgs(sub, 8)
+    assert datas(rest) == [str(i) for i in range(8, 16)]
+    await c.quiet(sub, 0.2)
+
+
+async def test_ack_unknown_code_reports_it_and_settles_the_rest(node: Any, connect: Connect) -> None:
+    c = await connect(node)
+    await c.pub("acks", "a", "b", "c", "d")
+    sub = await c.sub("acks", prefetch=2)
+    held = await c.msgs(sub, 2)
+    bogus = "f" * 32
+    rid = await c.send("ack", sub=sub, codes=[held[0]["code"], bogus, held[1]["code"]])
+    err = await c.reply(rid)
+    assert err["op"] == "error" and err["code"] == "unknown_code"
+    assert err["codes"] == [bogus]
+    assert err["id"] == rid and err["message"]
+    # Both real codes were settled: credit came back and the next two arrive.
+    assert datas(await c.msgs(sub, 2)) == ["c", "d"]
+
+
+async def test_nack_requeue_redelivers(node: Any, connect: Connect) -> None:
+    c = await connect(node)
+    (code,) = await c.pub("retry", "x")
+    sub = await c.sub("retry")
+    (m,) = await c.msgs(sub, 1)
+    assert m["attempts"] == 1 and m["redelivered"] is False
+    answer = await c.request("nack", sub=sub, codes=[code])
+    assert answer["op"] == "ok"
+    (again,) = await c.msgs(sub, 1)
+    assert again["code"] == code
+    assert again["attempts"] == 2 and again["redelivered"] is True
+
+
+async def test_nack_without_requeue_dead_letters(node: Any, connect: Connect) -> None:
+    c = await connect(node)
+    (code,) = await c.pub("mail", "poison")
+    sub = await c.sub("mail")
+    await c.msgs(sub, 1)
+    answer = await c.request("nack", sub=sub, codes=[code], requeue=False)
+    assert answer["op"] == "ok"
+    await c.quiet(sub, 0.2)
+    dlq = await c.sub("mail.dlq")
+    (dead,) = await c.msgs(dlq, 1)
+    assert dead["topic"] == "mail.dlq" and dead["data"] == "poison"
+    assert dead["headers"]["original_code"] == code
+    assert dead["headers"]["original_topic"] == "mail"
+    assert dead["headers"]["reason"] == "rejected"
+
+
+async def test_max_deliveries_dead_letters(make_node: Any, connect: Connect) -> None:
+    node = await make_node("mq.max_deliveries=2")
+    c = await connect(node)
+    (code,) = await c.pub("flaky", "boom")
+    sub = await c.sub("flaky")
+    for attempt in (1, 2):
+        (m,) = await c.msgs(sub, 1)
+        assert m["attempts"] == attempt
+        assert (await c.request("nack", sub=sub, codes=[code]))["op"] == "ok"
+    await c.quiet(sub, 0.2)
+    dlq = await c.sub("flaky.dlq")
+    (dead,) = await c.msgs(dlq, 1)
+    assert dead["headers"]["original_code"] == code
+    assert dead["headers"]["reason"] == "max_deliveries"
+    assert dead["headers"]["attempts"] == "2"
+
+
+async def test_ack_timeout_redelivers(make_node: Any, connect: Connect) -> None:
+    node = await make_node("mq.ack_timeout_s=0.3")
+    c = await connect(node)
+    (code,) = await c.pub("slow", "x")
+    sub = await c.sub("slow")
+    await c.msgs(sub, 1)
+    started = time.monotonic()
+    (again,) = await c.msgs(sub, 1, timeout=2.0)
+    assert again["code"] == code and again["attempts"] == 2
+    assert time.monotonic() - started >= 0.2
+
+
+async def test_touch_extends_the_deadline(make_node: Any, connect: Connect) -> None:
+    node = await make_node("mq.ack_timeout_s=0.5")
+    c = await connect(node)
+    touched, untouched = await c.pub("work", "touched", "untouched")
+    sub = await c.sub("work")
+    await c.msgs(sub, 2)
+    t0 = time.monotonic()  # deliveries happened just before: deadline about t0 + 0.5
+    await asyncio.sleep(0.3)
+    answer = await c.request("touch", sub=sub, codes=[touched])
+    assert answer["op"] == "ok"  # new deadline about t0 + 0.8
+    # The untouched one times out at the original deadline; the touched one does not.
+    (redo,) = await c.msgs(sub, 1, timeout=1.0)
+    assert redo["code"] == untouched and redo["attempts"] == 2
+    remaining = 0.7 - (time.monotonic() - t0)
+    if remaining > 0:
+        await c.quiet(sub, remaining)
+    (late,) = await c.msgs(sub, 1, timeout=2.0)
+    assert late["code"] == touched and late["attempts"] == 2
+    assert time.monotonic() - t0 >= 0.7
+
+
+async def test_touch_of_unknown_code_is_reported(node: Any, connect: Connect) -> None:
+    c = await connect(node)
+    sub = await c.sub("t")
+    err = await c.request("touch", sub=sub, codes=["nope"])
+    assert err["op"] == "error" and err["code"] == "unknown_code" and err["codes"] == ["nope"]
+
+
+async def test_auto_ack_consumes_without_acks(
+    node: Any, connect: Connect, session: aiohttp.ClientSession, auth: dict[str, str]
+) -> None:
+    c = await connect(node)
+    codes = await c.pub("fire", *[str(i) for i in range(5)])
+    sub = await c.sub("fire", ack="auto", prefetch=2)
+    got = await c.msgs(sub, 5)  # more than the prefetch: no acks were needed
+    assert [m["code"] for m in got] == codes
+    deadline = time.monotonic() + 3.0
+    for code in codes:
+        while True:
+            async with session.get(f"{node.url}/v1/messages/{code}", headers=auth) as resp:
+                assert resp.status == 200
+                body = await resp.json()
+            if body["groups"]["default"]["status"] == "consumed":
+                break
+            assert time.monotonic() < deadline, body
+            await asyncio.sleep(0.02)
+        assert body["finished_at"]
+    # Acking an auto-acked message is an unknown code: nothing is held.
+    err = await c.request("ack", sub=sub, codes=[codes[0]])
+    assert err["code"] == "unknown_code"
+
+
+# ---------------------------------------------------------------- groups and modes
+
+
+async def test_named_groups_each_get_every_message(node: Any, connect: Connect) -> None:
+    a = await connect(node)
+    b = await connect(node)
+    sa = await a.sub("events", group="billing")
+    sb = await b.sub("events", group="audit")
+    producer = await connect(node)
+    codes = await producer.pub("events", "1", "2", "3")
+    for c, sub in ((a, sa), (b, sb)):
+        got = await c.msgs(sub, 3)
+        assert [m["code"] for m in got] == codes
+        await c.ack(sub, codes)
+
+
+async def test_named_group_is_durable(node: Any, connect: Connect) -> None:
+    c = await connect(node)
+    sub = await c.sub("durable", group="g")
+    assert (await c.request("unsub", sub=sub))["op"] == "ok"
+    await c.pub("durable", "kept")
+    again = await c.sub("durable", group="g")
+    assert datas(await c.msgs(again, 1)) == ["kept"]
+
+
+async def test_consumers_in_one_group_share(node: Any, connect: Connect) -> None:
+    a = await connect(node)
+    b = await connect(node)
+    sa = await a.sub("tasks", group="workers")
+    sb = await b.sub("tasks", group="workers")
+    producer = await connect(node)
+    codes = await producer.pub("tasks", *[str(i) for i in range(10)])
+    got_a: list[Frame] = []
+    got_b: list[Frame] = []
+    deadline = time.monotonic() + 3.0
+    while len(got_a) + len(got_b) < 10:
+        assert time.monotonic() < deadline
+        if (f := await a.poll(lambda f: f.get("op") == "msg" and f["sub"] == sa, 0.05)) is not None:
+            got_a.extend(f["msgs"])
+        if (f := await b.poll(lambda f: f.get("op") == "msg" and f["sub"] == sb, 0.05)) is not None:
+            got_b.extend(f["msgs"])
+    codes_a = {m["code"] for m in got_a}
+    codes_b = {m["code"] for m in got_b}
+    assert codes_a and codes_b
+    assert not codes_a & codes_b
+    assert codes_a | codes_b == set(codes)
+    await a.quiet(sa, 0.1)
+    await b.quiet(sb, 0.1)
+
+
+async def test_pubsub_topic_anonymous_subscribers_each_get_a_copy(make_node: Any, connect: Connect) -> None:
+    node = await make_node("mq.topics.news.push_type=2")
+    a = await connect(node)
+    b = await connect(node)
+    answer_a = await a.request("sub", topic="news")
+    answer_b = await b.request("sub", topic="news")
+    assert answer_a["group"].startswith("~") and answer_b["group"].startswith("~")
+    assert answer_a["group"] != answer_b["group"]
+    producer = await connect(node)
+    codes = await producer.pub("news", "h1", "h2")
+    for c, answer in ((a, answer_a), (b, answer_b)):
+        got = await c.msgs(answer["sub"], 2)
+        assert [m["code"] for m in got] == codes
+        await c.ack(answer["sub"], codes)
+    # A subscriber that joins later does not get what was published before.
+    late = await connect(node)
+    sub = await late.sub("news")
+    await late.quiet(sub, 0.2)
+
+
+async def test_routing_key_patterns(node: Any, connect: Connect) -> None:
+    c = await connect(node)
+    star = await c.sub("geo", group="eu", key="eu.*")
+    hash_all = await c.sub("geo", group="all", key="#")
+    exact = await c.sub("geo", group="us", key="us.x")
+    await c.pub(
+        "geo",
+        {"data": "1", "key": "eu.de"},
+        {"data": "2", "key": "us.x"},
+        {"data": "3", "key": "eu.de.berlin"},
+        {"data": "4", "key": ""},
+    )
+    got = await c.msgs(star, 1)
+    assert [(m["data"], m["key"]) for m in got] == [("1", "eu.de")]
+    assert datas(await c.msgs(hash_all, 4)) == ["1", "2", "3", "4"]
+    assert datas(await c.msgs(exact, 1)) == ["2"]
+    await c.quiet(star, 0.2)
+    await c.quiet(exact, 0.01)
+
+
+async def test_priority_first(node: Any, connect: Connect) -> None:
+    c = await connect(node)
+    await c.pub("prio", {"data": "low", "priority": 0}, {"data": "mid", "priority": 5})
+    await c.pub("prio", {"data": "high", "priority": 9})
+    sub = await c.sub("prio", prefetch=1)
+    (first,) = await c.msgs(sub, 1)
+    assert first["data"] == "high" and first["priority"] == 9
+    await c.ack(sub, [first["code"]])
+    (second,) = await c.msgs(sub, 1)
+    assert second["data"] == "mid"
+    await c.ack(sub, [second["code"]])
+    assert datas(await c.msgs(sub, 1)) == ["low"]
+
+
+async def test_delayed_message_waits(node: Any, connect: Connect) -> None:
+    c = await connect(node)
+    sub = await c.sub("later")
+    started = time.monotonic()
+    await c.pub("later", {"data": "soon", "delay_s": 0.5}, {"data": "now"})
+    (now,) = await c.msgs(sub, 1)
+    assert now["data"] == "now"
+    await c.quiet(sub, 0.3)
+    (soon,) = await c.msgs(sub, 1, timeout=2.0)
+    assert soon["data"] == "soon"
+    assert soon["deliver_at"] >= soon["create_time"] + 0.49
+    assert time.monotonic() - started >= 0.45
+
+
+async def test_dedup_id_returns_the_same_code(node: Any, connect: Connect) -> None:
+    c = await connect(node)
+    (first,) = await c.pub("dedup", {"data": "x", "dedup_id": "order-1"})
+    (again,) = await c.pub("dedup", {"data": "x", "dedup_id": "order-1"})
+    assert again == first
+    both = await c.pub("dedup", {"data": "y", "dedup_id": "order-2"}, {"data": "y", "dedup_id": "order-2"})
+    assert both[0] == both[1] != first
+    sub = await c.sub("dedup")
+    assert datas(await c.msgs(sub, 2)) == ["x", "y"]
+    await c.quiet(sub, 0.2)
+
+
+async def test_queue_full(make_node: Any, connect: Connect) -> None:
+    node = await make_node("mq.max_length=3")
+    c = await connect(node)
+    await c.pub("small", "1", "2", "3")
+    rid = await c.send("pub", topic="small", msgs=[{"data": "4"}])
+    err = await c.reply(rid)
+    assert err["op"] == "error" and err["code"] == "queue_full" and err["id"] == rid
+    assert "small" in err["message"]
+    # Consuming one makes room again.
+    sub = await c.sub("small", prefetch=1)
+    (m,) = await c.msgs(sub, 1)
+    await c.ack(sub, [m["code"]])
+    assert len(await c.pub("small", "4")) == 1
+
+
+async def test_rate_limited_per_producer(make_node: Any, connect: Connect) -> None:
+    node = await make_node("mq.producer_rate=5", "mq.producer_burst=5")
+    c = await connect(node, client="fast-producer")
+    assert len(await c.pub("rl", *"abcde")) == 5
+    rid = await c.send("pub", topic="rl", msgs=[{"data": "x"}] * 3)
+    err = await c.reply(rid)
+    assert err["op"] == "error" and err["code"] == "rate_limited" and err["id"] == rid
+    # Another producer has its own bucket.
+    other = await connect(node, client="other-producer")
+    assert len(await other.pub("rl", "y")) == 1
+    # The refused batch was not stored.
+    sub = await other.sub("rl")
+    assert datas(await other.msgs(sub, 6)) == ["a", "b", "c", "d", "e", "y"]
+    await other.quiet(sub, 0.1)
+
+
+async def test_disconnect_requeues_unacked_to_another_connection(node: Any, connect: Connect) -> None:
+    a = await connect(node)
+    codes = await a.pub("handoff", "1", "2", "3")
+    sa = await a.sub("handoff")
+    await a.msgs(sa, 3)
+    b = await connect(node)
+    sb = await b.sub("handoff")
+    await b.quiet(sb, 0.1)  # everything is held by a
+    await a.ws.close()
+    got = await b.msgs(sb, 3)
+    assert [m["code"] for m in got] == codes
+    assert all(m["attempts"] == 2 and m["redelivered"] for m in got)
+
+
+async def test_ping_pong(node: Any, connect: Connect) -> None:
+    c = await connect(node)
+    rid = await c.send("ping")
+    assert await c.reply(rid) == {"op": "pong", "id": rid}
+    await c.ws.send_str(json.dumps({"op": "ping", "id": "abc"}))
+    assert await c.expect(lambda f: f.get("id") == "abc") == {"op": "pong", "id": "abc"}
+    # A pong from the client is accepted silently.
+    await c.send("pong")
+    rid = await c.send("ping")
+    assert (await c.reply(rid))["op"] == "pong"
+    assert c.pending == []
+
+
+async def test_unsub_stops_pushes(node: Any, connect: Connect) -> None:
+    c = await connect(node)
+    sub = await c.sub("stop")
+    await c.pub("stop", "before")
+    assert datas(await c.msgs(sub, 1)) == ["before"]
+    answer = await c.request("unsub", sub=sub)
+    assert answer["op"] == "ok"
+    await c.pub("stop", "after")
+    await c.quiet(sub, 0.3)
+    err = await c.request("ack", sub=sub, codes=[])
+    assert err["op"] == "error" and err["code"] == "bad_subscription"
+    # The unacked "before" and the new "after" wait for the next consumer.
+    other = await connect(node)
+    sub2 = await other.sub("stop")
+    assert sorted(datas(await other.msgs(sub2, 2))) == ["after", "before"]
+
+
+async def test_binary_frames_are_accepted(node: Any, connect: Connect) -> None:
+    c = await connect(node)
+    await c.ws.send_bytes(json.dumps({"op": "pub", "id": 7, "topic": "bin", "msgs": [{"data": "b"}]}).encode())
+    answer = await c.reply(7)
+    assert answer["op"] == "puback" and len(answer["codes"]) == 1
+    await c.ws.send_bytes(json.dumps({"op": "ping", "id": 8}).encode())
+    assert await c.reply(8) == {"op": "pong", "id": 8}
+
+
+async def test_base64_payload_round_trips(
+    node: Any, connect: Connect, session: aiohttp.ClientSession, auth: dict[str, str]
+) -> None:
+    raw = b"\xff\xfe\x00\x80binary\xc3"
+    c = await connect(node)
+    (code,) = await c.pub("bytes", {"data": base64.b64encode(raw).decode(), "enc": "base64"})
+    (text_code,) = await c.pub("bytes", {"data": "héllo"})
+    sub = await c.sub("bytes")
+    binary, text = await c.msgs(sub, 2)
+    assert binary["code"] == code and binary["enc"] == "base64"
+    assert base64.b64decode(binary["data"]) == raw
+    assert text["code"] == text_code and text["data"] == "héllo" and "enc" not in text
+    async with session.get(f"{node.url}/v1/messages/{code}", headers=auth) as resp:
+        body = await resp.json()
+    assert body["enc"] == "base64" and base64.b64decode(body["data"]) == raw

@@ -1,0 +1,50 @@
+"""The sans-I/O rule: pure modules import no event loop, socket, clock or global randomness."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import kapok
+
+PACKAGE = Path(kapok.__file__).parent
+PURE_FILES = sorted(
+    [
+        *(PACKAGE / "core").glob("*.py"),
+        PACKAGE / "server" / "codec.py",
+        PACKAGE / "errors.py",
+        PACKAGE / "config.py",
+    ]
+)
+PURE_MODULES = ["kapok.core", "kapok.server.codec", "kapok.errors", "kapok.config"]
+BANNED = {"asyncio", "socket", "aiohttp", "time", "random", "threading", "selectors"}
+
+
+def _imported_roots(path: Path) -> set[str]:
+    roots: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+@pytest.mark.parametrize("path", PURE_FILES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_pure_file_imports_nothing_banned(path: Path) -> None:
+    assert not _imported_roots(path) & BANNED
+
+
+@pytest.mark.parametrize("module", PURE_MODULES)
+def test_pure_module_pulls_in_no_io(module: str) -> None:
+    # A fresh interpreter, so modules imported by other tests do not count.
+    code = (
+        f"import sys, {module}; "
+        "print(','.join(sorted(m for m in ('asyncio', 'socket', 'aiohttp', 'selectors') if m in sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
