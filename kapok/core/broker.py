@@ -26,6 +26,7 @@ nothing is forgotten until it is final (consumed, dead, expired, dropped).
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -108,6 +109,7 @@ class Broker:
         self._expiring: SortedList = SortedList()  # (expire_at, seq, msg)
         self._retained: SortedList = SortedList()  # (purge_at, seq, msg)
         self._deadlines: list[tuple[float, int, Entry]] = []  # heap, lazily pruned
+        self._heap_ties = itertools.count()  # unique tie-breaker: entries never get compared
         self._dedup = DedupWindow(cfg.dedup_window_s, cfg.dedup_max_entries)
         self._limiter = RateLimiter(cfg.producer_rate, cfg.producer_burst)
         self._pushes: dict[int, list[Entry]] = {}
@@ -141,10 +143,13 @@ class Broker:
         topic = self.topics.get(name)
         if topic is None:
             check_name("topic", name)
-            cfg = self.cfg.topic(name)
-            topic = self.topics[name] = Topic(name, cfg)
-            if cfg.push_type == 1 or topic.is_dlq:
-                self._group(topic, DEFAULT_GROUP, durable=True, now=0.0)
+            topic = self._make_topic(name)
+        return topic
+
+    def _make_topic(self, name: str) -> Topic:
+        topic = self.topics[name] = Topic(name, self.cfg.topic(name))
+        if topic.cfg.push_type == 1 or topic.is_dlq:
+            self._group(topic, DEFAULT_GROUP, durable=True, now=0.0)
         return topic
 
     def _group(self, topic: Topic, name: str, *, durable: bool, now: float) -> Group:
@@ -432,7 +437,7 @@ class Broker:
                 unknown.append(code)
             elif consumer.ack_timeout_s:
                 entry.deadline = now + consumer.ack_timeout_s
-                heapq.heappush(self._deadlines, (entry.deadline, entry.msg.seq, entry))
+                heapq.heappush(self._deadlines, (entry.deadline, next(self._heap_ties), entry))
         return unknown
 
     def _held_in_group(self, topic: str, group: str, code: str) -> Entry | None:
@@ -542,6 +547,7 @@ class Broker:
                 continue  # acked, touched or requeued since: a stale heap item
             consumer.held.pop(entry.msg.code, None)
             entry.last_consumer_id = consumer.id
+            entry.consumer = None  # a second heap item with the same deadline is now stale too
             timed_out.append(entry)
         # Requeued to the front, so walk backwards to keep delivery order.
         for entry in reversed(timed_out):
@@ -582,7 +588,7 @@ class Broker:
         self.stats.delivered += 1
         if consumer.ack_timeout_s:
             entry.deadline = now + consumer.ack_timeout_s
-            heapq.heappush(self._deadlines, (entry.deadline, entry.msg.seq, entry))
+            heapq.heappush(self._deadlines, (entry.deadline, next(self._heap_ties), entry))
         pushes = self._pushes.get(consumer.id)
         if pushes is None:
             self._pushes[consumer.id] = [entry]
@@ -616,7 +622,9 @@ class Broker:
             "reason": reason,
             "attempts": str(entry.attempts),
         }
-        dlq = self.topic(topic.name + ".dlq")
+        # Not ``self.topic()``: the name may be 4 characters over the limit for user topics.
+        dlq_name = topic.name + ".dlq"
+        dlq = self.topics.get(dlq_name) or self._make_topic(dlq_name)
         draft = Draft(dlq.name, msg.data, msg.key, msg.priority, producer_id=msg.producer_id)
         self._store(dlq, draft, headers, now)
 

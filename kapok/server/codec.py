@@ -23,6 +23,7 @@ from kapok.errors import BadRequestError
 
 __all__ = [
     "compat_draft",
+    "compat_fields_draft",
     "compat_push",
     "decode_object",
     "draft_from_json",
@@ -125,12 +126,21 @@ def encode_data(data: bytes, out: dict[str, Any]) -> None:
 MAX_DELAY_S = 10 * 365 * 86400.0
 
 
-def draft_from_json(obj: Any, topic: str | None, producer_id: str) -> Draft:
-    """A native message object -> ``Draft``. ``topic`` wins when the route names one."""
+def draft_from_json(
+    obj: Any, producer_id: str, *, default_topic: str | None = None, route_topic: str | None = None
+) -> Draft:
+    """A native message object -> ``Draft``.
+
+    ``route_topic`` (HTTP: the topic in the URL) is the only topic allowed;
+    ``default_topic`` (a ``pub`` frame's ``topic``) applies when the message names none.
+    """
     if not isinstance(obj, dict):
         raise BadRequestError("each message must be a JSON object")
+    topic = get_str(obj, "topic", route_topic or default_topic)
+    if route_topic is not None and topic != route_topic:
+        raise BadRequestError(f"message names topic {topic!r} but was posted to {route_topic!r}")
     return Draft(
-        topic=topic if topic is not None else get_str(obj, "topic"),
+        topic=topic,
         data=decode_data(obj),
         key=get_str(obj, "key", ""),
         priority=get_int(obj, "priority", 0, lo=0, hi=9),
@@ -186,6 +196,12 @@ def compat_draft(raw: str | bytes, topic: str, producer_id: str) -> Draft:
         delay = 0
     if isinstance(delay, bool) or not isinstance(delay, int):
         raise BadRequestError("DelayTime must be an integer number of seconds")
+    return compat_fields_draft(data, delay, topic, producer_id)
+
+
+def compat_fields_draft(data: str, delay: int, topic: str, producer_id: str) -> Draft:
+    if not -(2**63) <= delay < 2**63:  # KapokMQ parses it as a Go int64
+        raise BadRequestError("DelayTime is out of range")
     if delay > MAX_DELAY_S:
         raise BadRequestError(f"DelayTime must be at most {int(MAX_DELAY_S)} seconds")
     # KapokMQ treats a negative delay as "now"; so does Kapok.

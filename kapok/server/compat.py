@@ -18,9 +18,10 @@ from aiohttp import WSMsgType, web
 from kapok.core.model import Consumer, Entry
 from kapok.errors import BadRequestError, KapokError
 from kapok.server.auth import KEY_ERROR, compat_handshake, key_matches
-from kapok.server.codec import compat_draft, compat_push
+from kapok.server.codec import compat_draft, compat_fields_draft, compat_push
 from kapok.server.keys import SERVICE
 from kapok.server.outbox import Outbox
+from kapok.server.responses import json_response, read_form
 from kapok.server.service import BrokerService, ClientInfo
 from kapok.server.wsbase import open_ws
 
@@ -94,7 +95,8 @@ async def consumer_ws(request: web.Request) -> web.StreamResponse:
         try:
             consumer = service.subscribe(_CompatConsumer(outbox), topic, name=consumer_id)
         except KapokError as exc:
-            outbox.send(compat_error(exc.message))
+            # Written directly: the outbox is torn down with the socket below.
+            await ws.send_str(compat_error(exc.message).decode())
             await ws.close()
             return ws
         info = ClientInfo("consumer", consumer_id, topic, _client_ip(request), service.now(), "kapokmq")
@@ -129,24 +131,21 @@ async def producer_send(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     if not key_matches(request.headers.get("secretKey"), service.config.mq.secret_key):
         service.auth_failures += 1
-        return web.json_response({"code": -1, "msg": KEY_ERROR})
+        return json_response({"code": -1, "msg": KEY_ERROR})
     try:
-        form = await request.post()
+        form = await read_form(request)
         data, topic, delay = form.get("messageData"), form.get("topic"), form.get("delayTime")
-        if not isinstance(data, str) or not isinstance(topic, str) or not data or not topic:
+        if not data or not topic:
             raise BadRequestError("Required data cannot be empty")
         try:
-            delay_s = int(delay) if isinstance(delay, str) else None
+            delay_s = int(delay or "")
         except ValueError:
-            delay_s = None
-        if delay_s is None:
-            raise BadRequestError("delayTime must be an integer number of seconds")
-        frame = orjson.dumps({"MessageData": data, "DelayTime": delay_s})
-        draft = compat_draft(frame, topic, "http:" + _client_ip(request))
+            raise BadRequestError("delayTime must be an integer number of seconds") from None
+        draft = compat_fields_draft(data, delay_s, topic, "http:" + _client_ip(request))
         codes, durable = service.publish([draft])
         if durable is not None:
             await durable
     except KapokError as exc:
         service.count_bad_input("compat_http_send")
-        return web.json_response({"code": -1, "msg": exc.message})
-    return web.json_response({"code": 0, "msg": codes[0]})
+        return json_response({"code": -1, "msg": exc.message})
+    return json_response({"code": 0, "msg": codes[0]})

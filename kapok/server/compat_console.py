@@ -17,9 +17,11 @@ from aiohttp import web
 
 from kapok.config import Config
 from kapok.core.model import Message
+from kapok.errors import BadRequestError
 from kapok.server.auth import KEY_ERROR, key_matches
 from kapok.server.codec import compat_message
 from kapok.server.keys import SERVICE
+from kapok.server.responses import json_response, read_form
 from kapok.server.service import BrokerService
 
 __all__ = ["compat_node", "routes"]
@@ -39,13 +41,13 @@ def _console(path: str) -> Callable[[Handler], Handler]:
             service = request.app[SERVICE]
             if not key_matches(request.headers.get("secretKey"), service.config.mq.secret_key):
                 service.auth_failures += 1
-                return web.json_response({"code": -1, "msg": KEY_ERROR})
+                return json_response({"code": -1, "msg": KEY_ERROR})
             try:
                 result = await handler(request, service)
-            except _ConsoleError as exc:
+            except (_ConsoleError, BadRequestError) as exc:
                 service.count_bad_input("console_form")
-                return web.json_response({"code": -1, "msg": str(exc)})
-            return web.json_response(result)
+                return json_response({"code": -1, "msg": str(exc)})
+            return json_response(result)
 
         routes.post(path)(route)
         return handler
@@ -55,11 +57,6 @@ def _console(path: str) -> Callable[[Handler], Handler]:
 
 class _ConsoleError(Exception):
     pass
-
-
-async def _form(request: web.Request) -> dict[str, str]:
-    form = await request.post()
-    return {k: v for k, v in form.items() if isinstance(v, str)}
 
 
 @_console("/Console/Ping")
@@ -154,7 +151,7 @@ def _int_field(form: dict[str, str], name: str, default: int, lo: int, hi: int) 
 
 @_console("/Console/GetMessageList")
 async def get_message_list(request: web.Request, service: BrokerService) -> Any:
-    form = await _form(request)
+    form = await read_form(request)
     start = _parse_date(form.get("startTime", ""), "startTime")
     end = _parse_date(form.get("endTime", ""), "endTime")
     status = _int_field(form, "status", 3, -1, 3)
@@ -184,7 +181,7 @@ async def get_message_list(request: web.Request, service: BrokerService) -> Any:
 
 @_console("/Console/GetMessage")
 async def get_message(request: web.Request, service: BrokerService) -> Any:
-    form = await _form(request)
+    form = await read_form(request)
     msg = service.broker.messages.get(form.get("messageCode", ""))
     if msg is None:
         return {"code": -1, "data": "error", "msg": "no message with that code"}
@@ -193,7 +190,7 @@ async def get_message(request: web.Request, service: BrokerService) -> Any:
 
 @_console("/Console/DelMessage")
 async def del_message(request: web.Request, service: BrokerService) -> Any:
-    form = await _form(request)
+    form = await read_form(request)
     if not service.delete(form.get("messageCode", "")):
         return {"code": -1, "msg": "no message with that code"}
     return {"code": 0}

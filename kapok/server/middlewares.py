@@ -10,6 +10,7 @@ from aiohttp.typedefs import Handler
 from kapok.errors import AuthError, KapokError
 from kapok.server.auth import bearer_ok
 from kapok.server.keys import SERVICE
+from kapok.server.responses import json_response
 
 __all__ = ["auth_middleware", "error_middleware"]
 
@@ -17,7 +18,7 @@ log = logging.getLogger("kapok.server")
 
 
 def error_json(code: str, message: str, status: int) -> web.Response:
-    return web.json_response({"error": code, "message": message}, status=status)
+    return json_response({"error": code, "message": message}, status=status)
 
 
 @web.middleware

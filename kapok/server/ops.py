@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kapok import __version__
 from kapok.server.keys import REGISTRY, SERVICE
+from kapok.server.responses import json_response
 from kapok.server.service import BrokerService
 
 __all__ = ["member_view", "routes"]
@@ -24,7 +25,7 @@ routes = web.RouteTableDef()
 async def health(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     cfg = service.config
-    return web.json_response(
+    return json_response(
         {
             "status": "ok",
             "node": service.node_name,
@@ -61,4 +62,4 @@ def member_view(service: BrokerService) -> dict[str, Any]:
 
 @routes.get("/cluster/nodes")
 async def cluster_nodes(request: web.Request) -> web.Response:
-    return web.json_response([member_view(request.app[SERVICE])])
+    return json_response([member_view(request.app[SERVICE])])

@@ -14,6 +14,7 @@ from kapok.core.topics import Topic
 from kapok.errors import BadRequestError, MessageNotFoundError
 from kapok.server.codec import decode_object, draft_from_json, get_bool, get_codes, get_str, message_json
 from kapok.server.keys import SERVICE
+from kapok.server.responses import json_response
 
 __all__ = ["routes", "topic_stats"]
 
@@ -40,10 +41,10 @@ async def publish(request: web.Request) -> web.Response:
             raise BadRequestError(f"'messages' must be a list of 1 to {limit} messages")
     else:
         items = [body]
-    codes, durable = service.publish([draft_from_json(item, topic, producer) for item in items])
+    codes, durable = service.publish([draft_from_json(item, producer, route_topic=topic) for item in items])
     if durable is not None:
         await durable
-    return web.json_response({"codes": codes})
+    return json_response({"codes": codes})
 
 
 def _query_number(request: web.Request, name: str, default: float, lo: float, hi: float) -> float:
@@ -80,7 +81,7 @@ async def pull(request: web.Request) -> web.Response:
         item["group"] = entry.group.name
         item["lease_until"] = entry.deadline
         messages.append(item)
-    return web.json_response({"messages": messages})
+    return json_response({"messages": messages})
 
 
 async def _settle(request: web.Request, how: str) -> web.Response:
@@ -95,7 +96,7 @@ async def _settle(request: web.Request, how: str) -> web.Response:
     elif how == "nack":
         how = "requeue"
     unknown = service.settle_in_group(request.match_info["topic"], group, codes, how)
-    return web.json_response({"settled": len(codes) - len(unknown), "unknown": unknown})
+    return json_response({"settled": len(codes) - len(unknown), "unknown": unknown})
 
 
 @routes.post("/v1/topics/{topic}/ack")
@@ -134,7 +135,7 @@ def topic_stats(topic: Topic) -> dict[str, Any]:
 @routes.get("/v1/topics")
 async def list_topics(request: web.Request) -> web.Response:
     broker = request.app[SERVICE].broker
-    return web.json_response({"topics": [topic_stats(t) for t in broker.topics.values()]})
+    return json_response({"topics": [topic_stats(t) for t in broker.topics.values()]})
 
 
 @routes.get("/v1/topics/{topic}")
@@ -143,7 +144,7 @@ async def get_topic(request: web.Request) -> web.Response:
     topic = broker.topics.get(request.match_info["topic"])
     if topic is None:
         raise MessageNotFoundError(f"no topic {request.match_info['topic']!r}")
-    return web.json_response(topic_stats(topic))
+    return json_response(topic_stats(topic))
 
 
 @routes.get("/v1/messages/{code}")
@@ -157,7 +158,7 @@ async def get_message(request: web.Request) -> web.Response:
         name: {"status": e.status.value, "attempts": e.attempts} for name, e in msg.entries.items()
     }
     out["finished_at"] = msg.finished_at or None
-    return web.json_response(out)
+    return json_response(out)
 
 
 @routes.delete("/v1/messages/{code}")
@@ -166,4 +167,4 @@ async def delete_message(request: web.Request) -> web.Response:
     code = get_str({"code": request.match_info["code"]}, "code")
     if not service.delete(code):
         raise MessageNotFoundError("no message with that code")
-    return web.json_response({"deleted": code})
+    return json_response({"deleted": code})

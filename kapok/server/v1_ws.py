@@ -107,7 +107,7 @@ class NativeConnection:
         topic = frame.get("topic")
         if topic is not None and not isinstance(topic, str):
             raise BadRequestError("field 'topic' must be a string")
-        drafts = [draft_from_json(m, topic if "topic" not in m else None, self.name) for m in msgs]
+        drafts = [draft_from_json(m, self.name, default_topic=topic) for m in msgs]
         codes, durable = self.service.publish(drafts)
         self.outbox.send(orjson.dumps({"op": "puback", "id": rid, "codes": codes}), after=durable)
 
@@ -220,11 +220,15 @@ class NativeConnection:
 @routes.get("/v1/ws")
 async def native_ws(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]  # the auth middleware has checked the key
-    name = request.query.get("client", "")[:255] or f"ws-{request.remote}"
     async with open_ws(request, text=False) as (ws, outbox):
-        conn = NativeConnection(service, outbox, name)
-        info = ClientInfo("client", name, "", request.remote or "", service.now(), "v1")
+        info = ClientInfo(
+            "client", request.query.get("client", "")[:255], "", request.remote or "", service.now(), "v1"
+        )
         client = service.add_client(info)
+        # Rate limits and the console count per producer: without a name of its
+        # own, each connection is its own producer.
+        info.client_id = info.client_id or f"conn-{client}"
+        conn = NativeConnection(service, outbox, info.client_id)
         try:
             async for msg in ws:
                 if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):

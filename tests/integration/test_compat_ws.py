@@ -402,21 +402,20 @@ async def test_disconnect_redelivers_at_once_to_another_consumer(
     node: Any, session: aiohttp.ClientSession
 ) -> None:
     """KapokMQ bug 14: unacked messages of a dropped consumer waited for the retry timer."""
-    async with producer(session, node, "jobs") as prod:
-        async with consumer(session, node, "jobs", "a") as first:
-            await publish(prod, "one")
-            await publish(prod, "two")
-            held = [await recv_push(first) for _ in range(2)]
-            async with consumer(session, node, "jobs", "b") as second:
-                await wait_consumers(session, node, 2)
-                await expect_silence(second, 0.1)  # everything is held by the first consumer
-                await first.close()
-                started = time.monotonic()
-                again = [await recv_push(second, timeout=2) for _ in range(2)]
-                assert time.monotonic() - started < 2
-                assert [p["MessageCode"] for p in again] == [p["MessageCode"] for p in held]
-                assert [p["MessageData"] for p in again] == ["one", "two"]
-                assert all(p["Status"] == -1 and p["DelayTime"] == 0 for p in again)
+    async with producer(session, node, "jobs") as prod, consumer(session, node, "jobs", "a") as first:
+        await publish(prod, "one")
+        await publish(prod, "two")
+        held = [await recv_push(first) for _ in range(2)]
+        async with consumer(session, node, "jobs", "b") as second:
+            await wait_consumers(session, node, 2)
+            await expect_silence(second, 0.1)  # everything is held by the first consumer
+            await first.close()
+            started = time.monotonic()
+            again = [await recv_push(second, timeout=2) for _ in range(2)]
+            assert time.monotonic() - started < 2
+            assert [p["MessageCode"] for p in again] == [p["MessageCode"] for p in held]
+            assert [p["MessageData"] for p in again] == ["one", "two"]
+            assert all(p["Status"] == -1 and p["DelayTime"] == 0 for p in again)
 
 
 async def test_ack_timeout_redelivers(make_node: Any, session: aiohttp.ClientSession) -> None:

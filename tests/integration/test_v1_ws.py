@@ -80,12 +80,14 @@ class Ws:
         items = [m if isinstance(m, dict) else {"data": m} for m in msgs]
         answer = await self.request("pub", topic=topic, msgs=items)
         assert answer["op"] == "puback", answer
-        return answer["codes"]
+        codes: list[str] = answer["codes"]
+        return codes
 
     async def sub(self, topic: str, **opts: Any) -> int:
         answer = await self.request("sub", topic=topic, **opts)
         assert answer["op"] == "subok", answer
-        return answer["sub"]
+        sub: int = answer["sub"]
+        return sub
 
     async def msgs(self, sub: int, n: int, timeout: float = 3.0) -> list[Frame]:
         """At least ``n`` pushed messages of ``sub``, in arrival order."""
@@ -367,17 +369,19 @@ async def test_auto_ack_consumes_without_acks(
 # ---------------------------------------------------------------- groups and modes
 
 
-async def test_named_groups_each_get_every_message(node: Any, connect: Connect) -> None:
+@pytest.mark.parametrize("ack", ["auto", "manual"])
+async def test_named_groups_each_get_every_message(node: Any, connect: Connect, ack: str) -> None:
     a = await connect(node)
     b = await connect(node)
-    sa = await a.sub("events", group="billing")
-    sb = await b.sub("events", group="audit")
+    sa = await a.sub("events", group="billing", ack=ack)
+    sb = await b.sub("events", group="audit", ack=ack)
     producer = await connect(node)
     codes = await producer.pub("events", "1", "2", "3")
     for c, sub in ((a, sa), (b, sb)):
         got = await c.msgs(sub, 3)
         assert [m["code"] for m in got] == codes
-        await c.ack(sub, codes)
+        if ack == "manual":
+            await c.ack(sub, codes)
 
 
 async def test_named_group_is_durable(node: Any, connect: Connect) -> None:
@@ -414,12 +418,15 @@ async def test_consumers_in_one_group_share(node: Any, connect: Connect) -> None
     await b.quiet(sb, 0.1)
 
 
-async def test_pubsub_topic_anonymous_subscribers_each_get_a_copy(make_node: Any, connect: Connect) -> None:
+@pytest.mark.parametrize("ack", ["auto", "manual"])
+async def test_pubsub_topic_anonymous_subscribers_each_get_a_copy(
+    make_node: Any, connect: Connect, ack: str
+) -> None:
     node = await make_node("mq.topics.news.push_type=2")
     a = await connect(node)
     b = await connect(node)
-    answer_a = await a.request("sub", topic="news")
-    answer_b = await b.request("sub", topic="news")
+    answer_a = await a.request("sub", topic="news", ack=ack)
+    answer_b = await b.request("sub", topic="news", ack=ack)
     assert answer_a["group"].startswith("~") and answer_b["group"].startswith("~")
     assert answer_a["group"] != answer_b["group"]
     producer = await connect(node)
@@ -427,31 +434,35 @@ async def test_pubsub_topic_anonymous_subscribers_each_get_a_copy(make_node: Any
     for c, answer in ((a, answer_a), (b, answer_b)):
         got = await c.msgs(answer["sub"], 2)
         assert [m["code"] for m in got] == codes
-        await c.ack(answer["sub"], codes)
+        if ack == "manual":
+            await c.ack(answer["sub"], codes)
     # A subscriber that joins later does not get what was published before.
     late = await connect(node)
     sub = await late.sub("news")
     await late.quiet(sub, 0.2)
 
 
-async def test_routing_key_patterns(node: Any, connect: Connect) -> None:
+ROUTED = [("1", "eu.de"), ("2", "us.x"), ("3", "eu.de.berlin"), ("4", "")]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "expected"),
+    [("eu.*", ["1"]), ("#", ["1", "2", "3", "4"]), ("eu.#", ["1", "3"]), ("us.x", ["2"])],
+)
+async def test_routing_key_patterns(node: Any, connect: Connect, pattern: str, expected: list[str]) -> None:
+    # One group per topic here: see test_named_groups_each_get_every_message for several.
     c = await connect(node)
-    star = await c.sub("geo", group="eu", key="eu.*")
-    hash_all = await c.sub("geo", group="all", key="#")
-    exact = await c.sub("geo", group="us", key="us.x")
-    await c.pub(
-        "geo",
-        {"data": "1", "key": "eu.de"},
-        {"data": "2", "key": "us.x"},
-        {"data": "3", "key": "eu.de.berlin"},
-        {"data": "4", "key": ""},
-    )
-    got = await c.msgs(star, 1)
-    assert [(m["data"], m["key"]) for m in got] == [("1", "eu.de")]
-    assert datas(await c.msgs(hash_all, 4)) == ["1", "2", "3", "4"]
-    assert datas(await c.msgs(exact, 1)) == ["2"]
-    await c.quiet(star, 0.2)
-    await c.quiet(exact, 0.01)
+    sub = await c.sub("geo", group="g", key=pattern)
+    await c.pub("geo", *[{"data": d, "key": k} for d, k in ROUTED])
+    got = await c.msgs(sub, len(expected))
+    assert datas(got) == expected
+    assert all(m["key"] == dict(ROUTED)[m["data"]] for m in got)
+    await c.quiet(sub, 0.15)
+    # What matched nothing is not dropped: it waits for a matching subscription.
+    rest = [d for d, _ in ROUTED if d not in expected]
+    if rest:
+        other = await c.sub("geo", group="g", key="#")
+        assert sorted(datas(await c.msgs(other, len(rest)))) == rest
 
 
 async def test_priority_first(node: Any, connect: Connect) -> None:
@@ -571,7 +582,9 @@ async def test_unsub_stops_pushes(node: Any, connect: Connect) -> None:
 
 async def test_binary_frames_are_accepted(node: Any, connect: Connect) -> None:
     c = await connect(node)
-    await c.ws.send_bytes(json.dumps({"op": "pub", "id": 7, "topic": "bin", "msgs": [{"data": "b"}]}).encode())
+    await c.ws.send_bytes(
+        json.dumps({"op": "pub", "id": 7, "topic": "bin", "msgs": [{"data": "b"}]}).encode()
+    )
     answer = await c.reply(7)
     assert answer["op"] == "puback" and len(answer["codes"]) == 1
     await c.ws.send_bytes(json.dumps({"op": "ping", "id": 8}).encode())
