@@ -4,9 +4,6 @@ Time is always an argument; every test drives the broker with explicit
 ``now`` values and reads what it decided through ``take_pushes()`` and
 friends. Auto-ack consumers have no ack deadline (the network driver acks
 them after the socket write), so the tests ack them too.
-
-Several fan-out tests use ``auto_ack=True`` consumers on purpose: a manual-ack
-fan-out currently crashes the core (see ``test_fanout_to_manual_ack_subscribers``).
 """
 
 from __future__ import annotations
@@ -199,15 +196,13 @@ def test_pubsub_subscriber_leaving_drops_only_its_copies() -> None:
     assert b.topics[PUBSUB].live_count == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="core bug: deadline heap items (deadline, seq, entry) of two groups' entries of one "
-    "message tie on (deadline, seq) and heapq compares Entry objects: TypeError "
-    "(broker.py _deliver / touch heappush)",
-)
 def test_fanout_to_manual_ack_subscribers() -> None:
-    """Two manual-ack subscribers get the same message at the same instant."""
+    """Two manual-ack subscribers get the same message at the same instant.
+
+    Regression: deadline-heap items of two groups' entries of one message
+    used to tie on ``(deadline, seq)`` and make heapq compare ``Entry``
+    objects (TypeError).
+    """
     b = make()
     s1 = b.subscribe(PUBSUB, now=T0)
     s2 = b.subscribe(PUBSUB, now=T0)
@@ -493,13 +488,9 @@ def test_touch_extends_the_deadline() -> None:
     assert b.stats.timeouts == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: an entry pushed twice on the deadline heap with the same deadline "
-    "(touch or redelivery at the same `now`) times out twice (broker.py tick, ~line 522)",
-)
 @pytest.mark.parametrize("how", ["touch", "nack"])
 def test_same_instant_deadline_times_out_once(how: str) -> None:
+    """Regression: a second heap item with the same deadline timed the entry out twice."""
     b = make(ack_timeout_s=10.0)
     a = b.subscribe("jobs", now=T0)
     code = pub(b, "jobs", now=T0)
@@ -519,11 +510,6 @@ def test_same_instant_deadline_times_out_once(how: str) -> None:
     assert sum(len(q) for q in group.ready) == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: double timeout at max_deliveries dead-letters twice: open_entries -1, "
-    "two dlq copies (broker.py tick ~line 522 + _requeue)",
-)
 def test_same_instant_deadline_dead_letters_once() -> None:
     b = make(ack_timeout_s=10.0, max_deliveries=1)
     a = b.subscribe("jobs", now=T0)
@@ -595,6 +581,8 @@ def test_nack_requeue_goes_to_the_front() -> None:
     assert pushed_to(b, a) == [m1]
     b.nack(a.id, [m1], True, T0 + 1)
     assert pushed_to(b, a) == [m1]  # before m2
+    b.ack(a.id, [m1], T0 + 2)
+    assert pushed_to(b, a) == [m2]
 
 
 def test_nack_reject_dead_letters_with_headers() -> None:
@@ -713,20 +701,19 @@ def test_dlq_messages_are_never_dead_lettered_again() -> None:
     assert "jobs.dlq.dlq" not in b.topics
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: <topic>.dlq of a 252-255 char topic is an invalid name; "
-    "_dead_letter raises BadRequestError after marking the entry DEAD (broker.py ~line 603)",
-)
 def test_dead_letter_of_longest_topic_name() -> None:
+    """Regression: ``<topic>.dlq`` of a 252–255 character topic is longer than a topic name may be."""
     b = make()
     name = "t" * 255
     a = b.subscribe(name, now=T0)
     code = pub(b, name)
     pushed(b)
-    b.nack(a.id, [code], False, T0 + 1)  # raises BadRequestError
-    dead = [m for m in b.messages.values() if m.headers and m.headers["original_code"] == code]
-    assert len(dead) == 1
+    b.nack(a.id, [code], False, T0 + 1)
+    assert entry(b, code).status is Status.DEAD
+    [dead] = [m for m in b.messages.values() if m.headers and m.headers["original_code"] == code]
+    assert dead.live
+    reader = b.subscribe(dead.topic, now=T0 + 2)  # and the dead letter can be read
+    assert pushed_to(b, reader) == [dead.code]
 
 
 # ====================================================================== flow control
@@ -1208,9 +1195,7 @@ def test_journal_records_in_order() -> None:
     b.ack(a.id, [code], T0 + 2)
     changes = b.take_changes()
     assert changes == [
-        ch.Published(
-            1, code, "jobs", b"d", "k", 2, T0, T0, 0.0, "p", "", None, (DEFAULT_GROUP,)
-        ),
+        ch.Published(1, code, "jobs", b"d", "k", 2, T0, T0, 0.0, "p", "", None, (DEFAULT_GROUP,)),
         ch.Delivered(code, DEFAULT_GROUP, 1, T0),
         ch.Requeued(code, DEFAULT_GROUP, "nack", T0 + 1),
         ch.Delivered(code, DEFAULT_GROUP, 2, T0 + 1),
