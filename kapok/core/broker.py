@@ -595,7 +595,9 @@ class Broker:
         else:
             pushes.append(entry)
         if self.journal:
-            self._changes.append(ch.Delivered(entry.msg.code, entry.group.name, entry.attempts, now))
+            self._changes.append(
+                ch.Delivered(entry.msg.code, entry.msg.topic, entry.group.name, entry.attempts, now)
+            )
 
     def _requeue(self, entry: Entry, reason: str, now: float) -> None:
         topic = entry.group.topic
@@ -606,7 +608,7 @@ class Broker:
         entry.group.push_ready(entry, front=True)
         self._dirty.add(entry.group)
         if self.journal:
-            self._changes.append(ch.Requeued(entry.msg.code, entry.group.name, reason, now))
+            self._changes.append(ch.Requeued(entry.msg.code, entry.msg.topic, entry.group.name, reason, now))
 
     def _dead_letter(self, entry: Entry, reason: str, now: float) -> None:
         msg = entry.msg
@@ -634,7 +636,7 @@ class Broker:
         entry.consumer = None
         msg = entry.msg
         if self.journal:
-            self._changes.append(ch.Settled(msg.code, entry.group.name, status.value, reason, now))
+            self._changes.append(ch.Settled(msg.code, msg.topic, entry.group.name, status.value, reason, now))
         msg.open_entries -= 1
         if not msg.open_entries:
             self._complete(msg, now)

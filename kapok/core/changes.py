@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 __all__ = [
     "Change",
+    "Checkpoint",
+    "Deduped",
     "Delivered",
     "GroupCreated",
     "MessageDeleted",
@@ -48,6 +50,7 @@ class GroupCreated:
 @dataclass(frozen=True, slots=True)
 class Delivered:
     code: str
+    topic: str
     group: str
     attempts: int
     at: float
@@ -56,6 +59,7 @@ class Delivered:
 @dataclass(frozen=True, slots=True)
 class Requeued:
     code: str
+    topic: str
     group: str
     reason: str  # "nack" | "timeout" | "disconnect"
     at: float
@@ -66,6 +70,7 @@ class Settled:
     """An entry reached a final status (consumed, dead, expired, dropped)."""
 
     code: str
+    topic: str
     group: str
     status: str
     reason: str
@@ -78,4 +83,22 @@ class MessageDeleted:
     at: float
 
 
-Change = Published | GroupCreated | Delivered | Requeued | Settled | MessageDeleted
+@dataclass(frozen=True, slots=True)
+class Deduped:
+    """A duplicate-filter entry (snapshots only: the WAL has it inside ``Published``)."""
+
+    topic: str
+    dedup_id: str
+    code: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """Heads a snapshot: the node's next message sequence number."""
+
+    next_seq: int
+    at: float
+
+
+Change = Published | GroupCreated | Delivered | Requeued | Settled | MessageDeleted | Deduped | Checkpoint
