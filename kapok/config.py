@@ -192,6 +192,11 @@ class StorageConfig:
     fsync: str = _opt("always", choices=("always", "interval", "never"))  # when the WAL is fsynced
     fsync_interval_ms: int = _opt(10, lo=1)  # period of fsync = interval, milliseconds
     snapshot_interval_s: float = _opt(60.0, gt=0)  # seconds between snapshots
+    segment_max_bytes: int = _opt(64 * _MIB, lo=4096)  # WAL segment size before a new file is started
+    archive: bool = True  # write message lifecycle events for analytics under <dir>/archive
+    archive_rotate_bytes: int = _opt(64 * _MIB, lo=4096)  # archive file size before rotation
+    archive_max_bytes: int = _opt(1024 * _MIB, lo=4096)  # archive files kept at most, bytes in total
+    archive_max_age_s: float = _opt(7 * 86400.0, gt=0)  # archive files older than this are deleted
 
 
 @dataclass(frozen=True, slots=True)

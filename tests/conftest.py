@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -42,9 +43,14 @@ def make_config(*sets: str) -> Config:
 
 
 @pytest.fixture
-async def make_node(aiohttp_server: Callable[..., Awaitable[TestServer]]) -> NodeFactory:
+async def make_node(aiohttp_server: Callable[..., Awaitable[TestServer]], tmp_path: Path) -> NodeFactory:
+    """Start nodes; each keeps its data in its own folder under the test's tmp_path."""
+    count = 0
+
     async def factory(*sets: str) -> Node:
-        app = make_app(make_config(*sets))
+        nonlocal count
+        count += 1
+        app = make_app(make_config(f"storage.dir={tmp_path / f'node{count}'}", *sets))
         server = await aiohttp_server(app, host="127.0.0.1", port=0)
         return Node(server, app)
 

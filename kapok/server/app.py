@@ -16,6 +16,7 @@ from kapok.server.middlewares import auth_middleware, error_middleware
 from kapok.server.service import BrokerService
 from kapok.server.wsbase import frame_limit
 from kapok.storage import Store
+from kapok.storage.disk import DiskStore
 
 __all__ = ["make_app"]
 
@@ -47,6 +48,8 @@ async def _index(request: web.Request) -> web.Response:
 def make_app(config: Config, *, store: Store | None = None, clock: Clock | None = None) -> web.Application:
     max_body = frame_limit(config.mq.max_message_bytes, config.server.max_batch)
     app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=max_body)
+    if store is None:
+        store = DiskStore(config.storage)
     service = BrokerService(config, store=store, clock=clock)
     app[CONFIG] = config
     app[SERVICE] = service

@@ -76,6 +76,10 @@ class _ServiceCollector(Collector):
         clients = GaugeMetricFamily("kapok_clients", "Connected clients")
         clients.add_metric([], len(service.clients))
         yield clients
+        for name, value in service.store.stats().items():
+            storage = GaugeMetricFamily(f"kapok_storage_{name}", f"Storage: {name.replace('_', ' ')}")
+            storage.add_metric([], value)
+            yield storage
         stored = GaugeMetricFamily("kapok_messages_stored", "Messages held in memory, retained ones included")
         stored.add_metric([], len(service.broker.messages))
         yield stored

@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from kapok.errors import KapokError
 
 __all__ = ["Outbox"]
+
+log = logging.getLogger("kapok.server")
 
 _Item = tuple[bytes, Awaitable[None] | None, Callable[[], None] | None]
 
@@ -67,7 +72,12 @@ class Outbox:
                 while queue:
                     frame, after, on_sent = queue.popleft()
                     if after is not None:
-                        await after
+                        try:
+                            await after
+                        except KapokError as exc:  # storage failed: never confirm, hang up
+                            log.error("closing a connection: %s", exc.message)
+                            await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"storage failure")
+                            return
                     await ws.send_frame(frame, WSMsgType.TEXT)
                     self._bytes -= len(frame)
                     if self._bytes <= self._max_bytes // 2:

@@ -79,8 +79,8 @@ class BrokerService:
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        await self.store.start()
-        self._arm_timer()
+        await self.store.open(self.broker, self.now())
+        self._settle()
 
     async def aclose(self) -> None:
         if self._timer is not None:

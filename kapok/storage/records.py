@@ -112,13 +112,15 @@ def _decode_payload(payload: bytes) -> ch.Change | _End:
 class Decoded:
     """What ``decode_frames`` found: the records, where the good part ends, and why it ended."""
 
-    records: list[ch.Change | _End]
+    records: list[ch.Change]
     good_end: int  # offset just past the last good frame
-    problem: str | None  # None: the buffer ended exactly on a frame boundary
+    problem: str | None  # None: the buffer ended exactly on a frame boundary (or an END frame)
+    ended: bool = False  # an END frame was read (decoding stops there)
 
 
 def decode_frames(buf: bytes | memoryview, start: int = 0) -> Decoded:
-    records: list[ch.Change | _End] = []
+    records: list[ch.Change] = []
+    ended = False
     view = memoryview(buf)
     pos = start
     size = len(view)
@@ -141,9 +143,13 @@ def decode_frames(buf: bytes | memoryview, start: int = 0) -> Decoded:
             problem = f"CRC mismatch at offset {pos}"
             break
         try:
-            records.append(_decode_payload(payload))
+            record = _decode_payload(payload)
         except (StorageError, ValueError, TypeError, struct.error, orjson.JSONDecodeError) as exc:
             problem = f"undecodable record at offset {pos}: {exc}"
             break
         pos = end
-    return Decoded(records, pos, problem)
+        if isinstance(record, _End):
+            ended = True
+            break
+        records.append(record)
+    return Decoded(records, pos, problem, ended)

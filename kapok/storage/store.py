@@ -1,11 +1,11 @@
 """The seam between the broker and its durable storage.
 
-The service hands every batch of change records (``kapok.core.changes``) to
-a ``Store`` right after the broker produced them, in order. ``append``
-returns ``None`` when the records are already as durable as the configured
-policy asks, or an awaitable that completes when they are; replies that
-promise durability (producer ``ok`` / ``puback`` / HTTP answers) wait for it.
-The write-ahead log implements the same protocol.
+The service opens the store once (recovery fills the broker), then hands it
+every batch of change records (``kapok.core.changes``) right after the
+broker produced them, in order. ``append`` returns ``None`` when nothing
+needs waiting for, or an awaitable that completes once the records are as
+durable as the configured policy promises; replies that promise durability
+(producer ``ok`` / ``puback`` / HTTP answers) wait for it.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
+from kapok.core.broker import Broker
 from kapok.core.changes import Change
 
 __all__ = ["MemoryStore", "Store"]
@@ -24,9 +25,15 @@ class Store(Protocol):
         """False when the store keeps nothing, so the broker can skip building records."""
         ...
 
-    async def start(self) -> None: ...
+    async def open(self, broker: Broker, now: float) -> None:
+        """Recover what was stored into ``broker`` and start accepting appends."""
+        ...
 
     def append(self, changes: Sequence[Change]) -> Awaitable[None] | None: ...
+
+    def stats(self) -> dict[str, float]:
+        """Counters and gauges for /metrics, by name."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -36,11 +43,14 @@ class MemoryStore:
 
     wants_changes = False
 
-    async def start(self) -> None:
+    async def open(self, broker: Broker, now: float) -> None:
         return None
 
     def append(self, changes: Sequence[Change]) -> Awaitable[None] | None:
         return None
+
+    def stats(self) -> dict[str, float]:
+        return {}
 
     async def aclose(self) -> None:
         return None
