@@ -45,21 +45,15 @@ def _build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
 
     serve = commands.add_parser("serve", help="run a broker node until SIGINT/SIGTERM")
-    serve.add_argument(
-        "-c",
-        "--config",
-        metavar="FILE",
-        help=f"YAML configuration file (default: ./{DEFAULT_CONFIG_FILE} if present, else built-in defaults)",
-    )
-    serve.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="PATH=VALUE",
-        help="override one key, e.g. --set server.port=9011 (value read as YAML; repeatable)",
-    )
+    _config_options(serve)
     serve.set_defaults(func=_cmd_serve)
+
+    importer = commands.add_parser(
+        "import-kapokmq", help="load a KapokMQ data directory (MQDATA + WAL.log) into this node's storage"
+    )
+    importer.add_argument("source", metavar="DIR", help="the KapokMQ working directory")
+    _config_options(importer)
+    importer.set_defaults(func=_cmd_import)
 
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(func=_cmd_version)
@@ -69,12 +63,24 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _cmd_version(args: argparse.Namespace) -> int:
-    print(f"{PROG} {__version__}")
-    return 0
+def _config_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "-c",
+        "--config",
+        metavar="FILE",
+        help=f"YAML configuration file (default: ./{DEFAULT_CONFIG_FILE} if present, else built-in defaults)",
+    )
+    command.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="override one key, e.g. --set server.port=9011 (value read as YAML; repeatable)",
+    )
 
 
-def _cmd_serve(args: argparse.Namespace) -> int:
+def _load(args: argparse.Namespace) -> Config:
     from kapok.config import load_config
 
     path: str | None = args.config
@@ -85,6 +91,26 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         level=config.log.level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    return config
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from kapok.storage.migrate import import_kapokmq
+
+    summary = asyncio.run(import_kapokmq(_load(args), Path(args.source)))
+    print(summary)
+    return 0
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    print(f"{PROG} {__version__}")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    config = _load(args)
 
     # Imported by name so this module type-checks before the server package exists;
     # the runner's contract is ``serve(config: Config) -> None``, blocking until a signal.

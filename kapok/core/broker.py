@@ -117,6 +117,10 @@ class Broker:
         self._dirty: set[Group] = set()
         self._woken: set[Group] = set()
 
+    @property
+    def next_seq(self) -> int:
+        return self._seq
+
     # ------------------------------------------------------------ outputs
 
     def take_pushes(self) -> dict[int, list[Entry]]:

@@ -201,8 +201,8 @@ class Archive:
         self._size = 0  # bytes of the current file, written and buffered
         self._next_n: int | None = None  # found by scanning the directory on first open
         self._closed = False
-        self.events_written = 0  # accepted into the buffer
-        self.events_lost = 0  # dropped by failed writes
+        self.events_written = 0  # accepted into the buffer (for metrics)
+        self.events_lost = 0  # of those, and of batches cut short, dropped by failed writes
 
     @property
     def current_path(self) -> Path | None:
@@ -222,10 +222,10 @@ class Archive:
         with self._lock:
             self._check_open()
             now = self._clock()
-            if self._fd is not None and now - self._started >= self._rotate_s:
-                self._rotate(now)
             accepted = 0
             try:
+                if self._fd is not None and now - self._started >= self._rotate_s:
+                    self._rotate(now)
                 for line in lines:
                     if self._fd is not None and self._size and self._size + len(line) > self._rotate_bytes:
                         self._rotate(now)
