@@ -35,14 +35,16 @@ def apply(broker: Broker, record: ch.Change) -> None:
         if record.code in messages:
             return
         topic = broker.topics.get(record.topic) or broker._make_topic(record.topic)
+        # Names come from the broker's own objects, so a million recovered messages
+        # share one topic string instead of holding a copy each.
         msg = Message(
-            record.seq, record.code, record.topic, record.data, record.key, record.priority,
+            record.seq, record.code, topic.name, record.data, record.key, record.priority,
             record.create_time, record.deliver_at, record.expire_at, record.producer_id,
             record.dedup_id, record.headers,
         )  # fmt: skip
         for name in record.groups:
             group = broker._group(topic, name, durable=True, now=record.create_time)
-            msg.entries[name] = Entry(msg, group, Status.READY)
+            msg.entries[group.name] = Entry(msg, group, Status.READY)
         msg.open_entries = len(msg.entries)
         if not msg.entries:
             msg.finished_at = record.create_time

@@ -22,6 +22,7 @@ from kapok.core.model import Entry, Message
 from kapok.errors import BadRequestError
 
 __all__ = [
+    "client_label",
     "compat_draft",
     "compat_fields_draft",
     "compat_push",
@@ -58,6 +59,13 @@ def get_str(obj: Mapping[str, Any], name: str, default: str | None = None, *, ma
         raise BadRequestError(f"field {name!r} must be a string, got {type(value).__name__}")
     if len(value) > max_len:
         raise BadRequestError(f"field {name!r} is longer than {max_len} characters")
+    return value
+
+
+def client_label(value: str, what: str) -> str:
+    """A client-chosen name (producer id, client name) that is safe to journal and display."""
+    if len(value) > 255 or not value.isprintable():
+        raise BadRequestError(f"{what} must be at most 255 printable characters")
     return value
 
 

@@ -18,7 +18,7 @@ from aiohttp import WSMsgType, web
 from kapok.core.model import Consumer, Entry
 from kapok.errors import BadRequestError, KapokError
 from kapok.server.auth import KEY_ERROR, compat_handshake, key_matches
-from kapok.server.codec import compat_draft, compat_fields_draft, compat_push
+from kapok.server.codec import client_label, compat_draft, compat_fields_draft, compat_push
 from kapok.server.keys import SERVICE
 from kapok.server.outbox import Outbox
 from kapok.server.responses import json_response, read_form
@@ -45,7 +45,7 @@ def _client_ip(request: web.Request) -> str:
 async def producer_ws(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     topic = request.match_info["topic"]
-    producer_id = request.match_info["producer_id"]
+    producer_id = client_label(request.match_info["producer_id"], "producer id")
     async with open_ws(request, text=True) as (ws, outbox):
         if not await compat_handshake(ws, service):
             return ws

@@ -12,7 +12,15 @@ from aiohttp import web
 
 from kapok.core.topics import Topic
 from kapok.errors import BadRequestError, MessageNotFoundError
-from kapok.server.codec import decode_object, draft_from_json, get_bool, get_codes, get_str, message_json
+from kapok.server.codec import (
+    client_label,
+    decode_object,
+    draft_from_json,
+    get_bool,
+    get_codes,
+    get_str,
+    message_json,
+)
 from kapok.server.keys import SERVICE
 from kapok.server.responses import json_response
 
@@ -33,7 +41,8 @@ async def publish(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     body = await _json_body(request)
     topic = request.match_info["topic"]
-    producer = request.headers.get("X-Kapok-Producer", "")[:255] or f"http:{request.remote}"
+    producer = client_label(request.headers.get("X-Kapok-Producer", ""), "X-Kapok-Producer")
+    producer = producer or f"http:{request.remote}"
     if "messages" in body:
         items = body["messages"]
         limit = service.config.server.max_batch

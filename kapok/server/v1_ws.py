@@ -23,6 +23,7 @@ from aiohttp import WSMsgType, web
 from kapok.core.model import Consumer, Entry
 from kapok.errors import BadRequestError, KapokError, SubscriptionError, UnknownCodeError, UnknownOpError
 from kapok.server.codec import (
+    client_label,
     decode_object,
     draft_from_json,
     get_bool,
@@ -220,10 +221,9 @@ class NativeConnection:
 @routes.get("/v1/ws")
 async def native_ws(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]  # the auth middleware has checked the key
+    name = client_label(request.query.get("client", ""), "query parameter 'client'")
     async with open_ws(request, text=False) as (ws, outbox):
-        info = ClientInfo(
-            "client", request.query.get("client", "")[:255], "", request.remote or "", service.now(), "v1"
-        )
+        info = ClientInfo("client", name, "", request.remote or "", service.now(), "v1")
         client = service.add_client(info)
         # Rate limits and the console count per producer: without a name of its
         # own, each connection is its own producer.

@@ -3,15 +3,16 @@
 Layout under ``storage.dir``::
 
     wal/wal-<first LSN>.log        segments of framed change records
-    snapshots/snapshot-<LSN>.snap  the newest snapshot (state before record LSN)
+    snapshots/snapshot-<LSN>.snap  the two newest snapshots (state before record LSN)
     archive/archive-*.jsonl        lifecycle events for analytics
 
 Recovery loads the newest valid snapshot, replays the WAL from its LSN,
 stops at the first torn or corrupt record (the segment is cut there, the
 offset logged and counted; later segments are set aside as ``.orphan``),
 then requeues whatever was in flight. A snapshot is taken every
-``snapshot_interval_s`` and at clean shutdown, after which WAL segments it
-covers are deleted.
+``snapshot_interval_s`` and at clean shutdown, after which WAL segments
+the previous snapshot covers are deleted: the two newest snapshots and the
+WAL since the older of them stay, so a damaged newest snapshot is survived.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from kapok.core.broker import Broker
 from kapok.core.changes import Change
 from kapok.core.replay import apply, finish_recovery, state_records
 from kapok.errors import StorageError
-from kapok.storage.records import decode_frames, encode, encode_end
-from kapok.storage.snapshot import SnapshotWriter, load_newest
+from kapok.storage.records import FrameReader, encode, encode_end
+from kapok.storage.snapshot import FoundSnapshot, SnapshotWriter, find_newest, map_file
 from kapok.storage.wal import WriteAheadLog, list_segments
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ class DiskStore:
         self.last_snapshot_s = 0.0
         self.last_snapshot_bytes = 0
         self.recovery_s = 0.0
+        self.snapshots_skipped = 0
         self._lock_fd: int | None = None
 
     # ------------------------------------------------------------ recovery
@@ -93,30 +95,33 @@ class DiskStore:
         self._lock_fd = _lock(self.wal_dir.parent)
         started = time.perf_counter()
         journal, broker.journal = broker.journal, False
-        snapshot = await loop.run_in_executor(None, load_newest, self.snapshot_dir)
+        snapshot = await loop.run_in_executor(None, find_newest, self.snapshot_dir)
         for problem in snapshot.skipped:
-            log.error("snapshot not usable: %s", problem)
-        for record in snapshot.records:
-            apply(broker, record)
-        next_lsn, replayed = await loop.run_in_executor(None, self._replay_wal, broker, snapshot.lsn)
+            log.error("snapshot not usable, falling back to an older one: %s", problem)
+        self.snapshots_skipped = len(snapshot.skipped)
+        next_lsn, replayed = await loop.run_in_executor(None, self._replay, broker, snapshot)
         broker.journal = journal
         requeued = finish_recovery(broker, now)
         self._broker = broker
         self.wal.start(next_lsn)
         self.recovery_s = time.perf_counter() - started
         log.info(
-            "recovered %d messages in %.3f s (snapshot at LSN %d with %d records, %d WAL records replayed, "
+            "recovered %d messages in %.3f s (snapshot at LSN %d, %d WAL records replayed, "
             "%d deliveries requeued)",
-            len(broker.messages), self.recovery_s, snapshot.lsn, len(snapshot.records), replayed, requeued,
+            len(broker.messages), self.recovery_s, snapshot.lsn, replayed, requeued,
         )  # fmt: skip
         self._task = loop.create_task(self._snapshot_loop())
 
-    def _replay_wal(self, broker: Broker, start_lsn: int) -> tuple[int, int]:
-        """Apply WAL records from ``start_lsn``; returns the next LSN and how many were applied.
+    def _replay(self, broker: Broker, snapshot: FoundSnapshot) -> tuple[int, int]:
+        """Apply the snapshot, then the WAL from its LSN; returns the next LSN and the WAL records applied.
 
-        Runs on a worker thread while the event loop waits for it: nothing else
-        touches the broker before recovery is over.
+        Runs on a worker thread while the event loop waits for it: nothing else touches the
+        broker before recovery is over. Files are mapped, not read, and records are applied
+        one by one, so recovery needs no more memory than the state it rebuilds.
         """
+        for record in snapshot.records():
+            apply(broker, record)
+        start_lsn = snapshot.lsn
         segments = list_segments(self.wal_dir)
         next_lsn = start_lsn
         replayed = 0
@@ -124,19 +129,21 @@ class DiskStore:
             following = segments[i + 1 :]
             if following and following[0].first_lsn <= start_lsn:
                 continue  # wholly covered by the snapshot
-            decoded = decode_frames(segment.path.read_bytes())
-            for j, record in enumerate(decoded.records):
-                if segment.first_lsn + j >= start_lsn:
+            reader = FrameReader(map_file(segment.path))
+            lsn = segment.first_lsn
+            for record in reader:
+                if lsn >= start_lsn:
                     apply(broker, record)
                     replayed += 1
-            next_lsn = max(next_lsn, segment.first_lsn + len(decoded.records))
-            if decoded.problem is not None:
+                lsn += 1
+            next_lsn = max(next_lsn, lsn)
+            if reader.problem is not None:
                 self.corrupt_tails += 1
                 log.warning(
                     "WAL %s: %s; keeping the %d records before offset %d",
-                    segment.path.name, decoded.problem, len(decoded.records), decoded.good_end,
+                    segment.path.name, reader.problem, reader.count, reader.good_end,
                 )  # fmt: skip
-                os.truncate(segment.path, decoded.good_end)
+                os.truncate(segment.path, reader.good_end)
                 for later in following:
                     later.path.rename(later.path.with_suffix(".orphan"))
                     log.warning("WAL %s follows a damaged segment; set aside as .orphan", later.path.name)
@@ -155,7 +162,7 @@ class DiskStore:
             await asyncio.sleep(self.cfg.snapshot_interval_s)
             try:
                 await self.snapshot()
-            except (OSError, StorageError):
+            except Exception:  # the next interval tries again; the WAL holds everything
                 log.exception("snapshot failed; the WAL still holds everything")
             if self.archive is not None:
                 # Closes an archive file that is due even when no events arrive.
@@ -183,11 +190,12 @@ class DiskStore:
                 chunk += encode_end()
                 await loop.run_in_executor(self._snapshot_thread, writer.write, bytes(chunk))
                 await loop.run_in_executor(self._snapshot_thread, writer.commit)
+                keep_from = await loop.run_in_executor(self._snapshot_thread, writer.oldest_kept_lsn)
             except BaseException:
                 with contextlib.suppress(OSError):
                     await loop.run_in_executor(self._snapshot_thread, writer.abort)
                 raise
-            dropped = await self.wal.drop_before(lsn)
+            dropped = await self.wal.drop_before(keep_from)
             self.snapshots += 1
             self.last_snapshot_s = time.perf_counter() - started
             self.last_snapshot_bytes = writer.size
@@ -206,6 +214,7 @@ class DiskStore:
             "wal_fsyncs": wal.fsyncs,
             "recovery_corrupt_tails": self.corrupt_tails,
             "recovery_seconds": self.recovery_s,
+            "recovery_snapshots_skipped": self.snapshots_skipped,
             "snapshots": self.snapshots,
             "snapshot_seconds": self.last_snapshot_s,
             "snapshot_bytes": self.last_snapshot_bytes,
@@ -219,7 +228,7 @@ class DiskStore:
         if self._broker is not None:
             try:
                 await self.snapshot()
-            except (OSError, StorageError):
+            except Exception:
                 log.exception("the shutdown snapshot failed; the WAL still holds everything")
         await self.wal.aclose()
         self._snapshot_thread.shutdown(wait=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any, Final
 
@@ -30,7 +30,7 @@ import orjson
 from kapok.core import changes as ch
 from kapok.errors import StorageError
 
-__all__ = ["END", "HEADER", "Decoded", "decode_frames", "encode", "encode_all", "encode_end"]
+__all__ = ["END", "HEADER", "Decoded", "FrameReader", "decode_frames", "encode", "encode_all", "encode_end"]
 
 HEADER: Final = struct.Struct("<II")
 _U32: Final = struct.Struct("<I")
@@ -108,6 +108,66 @@ def _decode_payload(payload: bytes) -> ch.Change | _End:
     return record
 
 
+class FrameReader:
+    """Iterates the records of a buffer (bytes or an mmap) one by one, without copying it.
+
+    After the iteration, ``good_end`` is the offset just past the last good frame,
+    ``problem`` says why reading stopped early (``None``: the buffer ended on a frame
+    boundary, or at an END frame), and ``ended`` whether an END frame was read.
+    """
+
+    def __init__(self, buf: bytes | memoryview | Any, start: int = 0, *, decode: bool = True) -> None:
+        self._view = memoryview(buf)
+        self._decode = decode
+        self.good_end = start
+        self.problem: str | None = None
+        self.ended = False
+        self.count = 0
+
+    def __iter__(self) -> Iterator[ch.Change]:
+        view = self._view
+        pos = self.good_end
+        size = len(view)
+        header = HEADER.size
+        while pos < size:
+            if size - pos < header:
+                self.problem = f"torn frame header at offset {pos}"
+                return
+            length, crc = HEADER.unpack_from(view, pos)
+            if length == 0 or length > MAX_PAYLOAD:
+                self.problem = f"impossible frame length {length} at offset {pos}"
+                return
+            end = pos + header + length
+            if end > size:
+                self.problem = f"torn frame at offset {pos} ({size - pos - header} of {length} bytes)"
+                return
+            payload = view[pos + header : end]
+            if zlib.crc32(payload) != crc:
+                self.problem = f"CRC mismatch at offset {pos}"
+                return
+            if payload[0] == END_TYPE:
+                self.good_end = end
+                self.ended = True
+                return
+            if self._decode:
+                try:
+                    record = _decode_payload(bytes(payload))
+                except (StorageError, ValueError, TypeError, struct.error, orjson.JSONDecodeError) as exc:
+                    self.problem = f"undecodable record at offset {pos}: {exc}"
+                    return
+            pos = self.good_end = end
+            self.count += 1
+            if self._decode and not isinstance(record, _End):
+                yield record
+
+    def check(self) -> FrameReader:
+        """Walk the frames checking lengths and CRCs only (no decoding); returns self."""
+        self._decode = False
+        for _ in self:
+            pass
+        return self
+
+
 @dataclass(frozen=True, slots=True)
 class Decoded:
     """What ``decode_frames`` found: the records, where the good part ends, and why it ended."""
@@ -119,37 +179,7 @@ class Decoded:
 
 
 def decode_frames(buf: bytes | memoryview, start: int = 0) -> Decoded:
-    records: list[ch.Change] = []
-    ended = False
-    view = memoryview(buf)
-    pos = start
-    size = len(view)
-    header = HEADER.size
-    problem = None
-    while pos < size:
-        if size - pos < header:
-            problem = f"torn frame header at offset {pos}"
-            break
-        length, crc = HEADER.unpack_from(view, pos)
-        if length == 0 or length > MAX_PAYLOAD:
-            problem = f"impossible frame length {length} at offset {pos}"
-            break
-        end = pos + header + length
-        if end > size:
-            problem = f"torn frame at offset {pos} ({size - pos - header} of {length} bytes)"
-            break
-        payload = bytes(view[pos + header : end])
-        if zlib.crc32(payload) != crc:
-            problem = f"CRC mismatch at offset {pos}"
-            break
-        try:
-            record = _decode_payload(payload)
-        except (StorageError, ValueError, TypeError, struct.error, orjson.JSONDecodeError) as exc:
-            problem = f"undecodable record at offset {pos}: {exc}"
-            break
-        pos = end
-        if isinstance(record, _End):
-            ended = True
-            break
-        records.append(record)
-    return Decoded(records, pos, problem, ended)
+    """All records of ``buf`` at once (tests, small files); recovery streams with ``FrameReader``."""
+    reader = FrameReader(buf, start)
+    records = list(reader)
+    return Decoded(records, reader.good_end, reader.problem, reader.ended)

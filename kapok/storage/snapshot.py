@@ -9,17 +9,19 @@ valid, never a half-written file under a snapshot's name.
 
 from __future__ import annotations
 
+import mmap
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from kapok.core.changes import Change
-from kapok.storage.records import decode_frames
+from kapok.storage.records import FrameReader
 
-__all__ = ["LoadedSnapshot", "SnapshotWriter", "list_snapshots", "load_newest"]
+__all__ = ["FoundSnapshot", "SnapshotWriter", "find_newest", "list_snapshots", "map_file"]
 
 PREFIX, SUFFIX = "snapshot-", ".snap"
+KEEP = 2  # snapshots kept: the newest and the one before it
 
 
 def list_snapshots(directory: Path) -> list[tuple[int, Path]]:
@@ -32,23 +34,34 @@ def list_snapshots(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def map_file(path: Path) -> mmap.mmap | bytes:
+    """The file's bytes without reading them into memory (pages stay reclaimable)."""
+    with path.open("rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return b""
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
 @dataclass(frozen=True, slots=True)
-class LoadedSnapshot:
-    lsn: int
-    path: Path | None
-    records: list[Change]
+class FoundSnapshot:
+    lsn: int  # 0 when there is no snapshot
+    data: mmap.mmap | bytes  # its frames, already checked (lengths, CRCs, END marker)
     skipped: list[str]  # snapshots that were not valid, and why
 
+    def records(self) -> Iterator[Change]:
+        return iter(FrameReader(self.data))
 
-def load_newest(directory: Path) -> LoadedSnapshot:
+
+def find_newest(directory: Path) -> FoundSnapshot:
     """The newest valid snapshot (complete, every CRC right), or an empty one."""
     skipped: list[str] = []
     for lsn, path in reversed(list_snapshots(directory)):
-        decoded = decode_frames(path.read_bytes())
-        if decoded.problem is None and decoded.ended:
-            return LoadedSnapshot(lsn, path, decoded.records, skipped)
-        skipped.append(f"{path.name}: {decoded.problem or 'no end marker'}")
-    return LoadedSnapshot(0, None, [], skipped)
+        data = map_file(path)
+        check = FrameReader(data).check()
+        if check.problem is None and check.ended:
+            return FoundSnapshot(lsn, data, skipped)
+        skipped.append(f"{path.name}: {check.problem or 'no end marker'}")
+    return FoundSnapshot(0, b"", skipped)
 
 
 class SnapshotWriter:
@@ -79,9 +92,13 @@ class SnapshotWriter:
             self._fsync(dir_fd)
         finally:
             os.close(dir_fd)
-        for lsn, path in list_snapshots(self.directory):
-            if lsn < self.lsn:
-                path.unlink(missing_ok=True)
+        # Keep the previous snapshot too (and the WAL since it, see DiskStore.snapshot):
+        # should the new file ever prove unreadable, recovery falls back to the old one.
+        for _, path in list_snapshots(self.directory)[:-KEEP]:
+            path.unlink(missing_ok=True)
+
+    def oldest_kept_lsn(self) -> int:
+        return list_snapshots(self.directory)[0][0]
 
     def abort(self) -> None:
         os.close(self._fd)
