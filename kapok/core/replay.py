@@ -32,6 +32,8 @@ def apply(broker: Broker, record: ch.Change) -> None:
     messages = broker.messages
     if isinstance(record, ch.Published):
         broker._seq = max(broker._seq, record.seq + 1)
+        if record.dedup_id:  # even if the message is deleted later, its id stays taken
+            broker._dedup.add(record.topic, record.dedup_id, record.code, record.create_time)
         if record.code in messages:
             return
         topic = broker.topics.get(record.topic) or broker._make_topic(record.topic)
@@ -84,11 +86,9 @@ def _entry(broker: Broker, code: str, group: str) -> Entry | None:
 def finish_recovery(broker: Broker, now: float) -> int:
     """Turn replayed state into queues and timers; returns how many entries were requeued."""
     requeued = 0
-    window_start = now - broker.cfg.dedup_window_s
+    broker._dedup.expire(now)
     for msg in sorted(broker.messages.values(), key=lambda m: m.seq):
         topic = broker.topics[msg.topic]
-        if msg.dedup_id and msg.create_time > window_start:
-            broker._dedup.add(msg.topic, msg.dedup_id, msg.code, msg.create_time)
         if not msg.live:
             retain = topic.cfg.retain_consumed_s
             if retain > 0 and msg.finished_at + retain > now:

@@ -119,8 +119,11 @@ class DiskStore:
         broker before recovery is over. Files are mapped, not read, and records are applied
         one by one, so recovery needs no more memory than the state it rebuilds.
         """
-        for record in snapshot.records():
+        reader = snapshot.reader()
+        for record in reader:
             apply(broker, record)
+        if reader.problem is not None:  # checked before, so only a writer bug gets here
+            raise StorageError(f"snapshot at LSN {snapshot.lsn} cannot be read: {reader.problem}")
         start_lsn = snapshot.lsn
         segments = list_segments(self.wal_dir)
         next_lsn = start_lsn

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kapok.core.changes import Change
 from kapok.storage.records import FrameReader
 
 __all__ = ["FoundSnapshot", "SnapshotWriter", "find_newest", "list_snapshots", "map_file"]
@@ -48,8 +47,8 @@ class FoundSnapshot:
     data: mmap.mmap | bytes  # its frames, already checked (lengths, CRCs, END marker)
     skipped: list[str]  # snapshots that were not valid, and why
 
-    def records(self) -> Iterator[Change]:
-        return iter(FrameReader(self.data))
+    def reader(self) -> FrameReader:
+        return FrameReader(self.data)
 
 
 def find_newest(directory: Path) -> FoundSnapshot:
@@ -59,8 +58,14 @@ def find_newest(directory: Path) -> FoundSnapshot:
         data = map_file(path)
         check = FrameReader(data).check()
         if check.problem is None and check.ended:
+            for leftover in directory.glob(f"{PREFIX}*{SUFFIX}.tmp"):
+                leftover.unlink(missing_ok=True)  # a snapshot that a crash interrupted
             return FoundSnapshot(lsn, data, skipped)
         skipped.append(f"{path.name}: {check.problem or 'no end marker'}")
+        # Out of the way, so it never counts as one of the snapshots kept.
+        path.rename(path.with_suffix(".damaged"))
+    for leftover in directory.glob(f"{PREFIX}*{SUFFIX}.tmp"):
+        leftover.unlink(missing_ok=True)  # a snapshot that a crash interrupted
     return FoundSnapshot(0, b"", skipped)
 
 

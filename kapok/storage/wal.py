@@ -27,6 +27,7 @@ import contextlib
 import itertools
 import logging
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -99,6 +100,10 @@ class WriteAheadLog:
         self._file_size = 0
         self._dirty = False
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kapok-wal")
+        # Background fsyncs (interval policy, retired segments) run on their own thread,
+        # so a slow fsync never holds up writes and the acks waiting for them.
+        self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kapok-wal-sync")
+        self._file_lock = threading.Lock()  # guards _file and _dirty between the two threads
         self._tasks: list[asyncio.Task[None]] = []
         self.failed: StorageError | None = None
 
@@ -119,8 +124,9 @@ class WriteAheadLog:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await asyncio.get_running_loop().run_in_executor(self._thread, self._close_file, True)
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._close_file)
         self._thread.shutdown(wait=True)
+        self._syncer.shutdown(wait=True)
 
     # ------------------------------------------------------------ appending
 
@@ -181,7 +187,7 @@ class WriteAheadLog:
         while True:
             await asyncio.sleep(self.interval_s)
             if self._dirty:
-                await loop.run_in_executor(self._thread, self._sync)
+                await loop.run_in_executor(self._syncer, self._background_sync)
 
     # ------------------------------------------------------------ writer thread
 
@@ -206,29 +212,66 @@ class WriteAheadLog:
                 log.exception("writing the archive failed")
 
     def _sync(self) -> None:
+        """fsync the open segment now, on the writer thread (policy ``always``)."""
         if self._file is not None and self._dirty:
             self._dirty = False
             self._fsync(self._file)
             self.fsyncs += 1
 
-    def _open_segment(self, first_lsn: int) -> None:
-        self._close_file(sync=True)
-        path = segment_path(self.directory, first_lsn)
-        self._file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._file_size = os.fstat(self._file).st_size
-        # The new directory entry must survive a crash too.
+    def _background_sync(self) -> None:
+        """fsync a duplicate of the open segment's fd, on the sync thread, while writes go on."""
+        with self._file_lock:
+            if self._file is None or not self._dirty:
+                return
+            fd = os.dup(self._file)
+            self._dirty = False
+        try:
+            self._fsync(fd)
+            self.fsyncs += 1
+        finally:
+            os.close(fd)
+
+    def _sync_and_close(self, fd: int, dirty: bool) -> None:
+        try:
+            if dirty:
+                self._fsync(fd)
+                self.fsyncs += 1
+        finally:
+            os.close(fd)
+
+    def _sync_dir(self) -> None:
         dir_fd = os.open(self.directory, os.O_RDONLY)
         try:
             self._fsync(dir_fd)
         finally:
             os.close(dir_fd)
 
-    def _close_file(self, sync: bool) -> None:
-        if self._file is not None:
-            if sync:
-                self._sync()
-            os.close(self._file)
-            self._file = None
+    def _open_segment(self, first_lsn: int) -> None:
+        fd = os.open(segment_path(self.directory, first_lsn), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        with self._file_lock:
+            old, dirty = self._file, self._dirty
+            self._file, self._dirty = fd, False
+        self._file_size = os.fstat(fd).st_size
+        # The retired segment and the new directory entry must reach the disk as
+        # the policy says: now (always), soon on the sync thread (interval), or when
+        # the OS likes (never).
+        if self.policy == "always":
+            if old is not None:
+                self._sync_and_close(old, dirty)
+            self._sync_dir()
+        elif self.policy == "interval":
+            if old is not None:
+                self._syncer.submit(self._sync_and_close, old, dirty)
+            self._syncer.submit(self._sync_dir)
+        elif old is not None:
+            os.close(old)
+
+    def _close_file(self) -> None:
+        with self._file_lock:
+            fd, dirty = self._file, self._dirty
+            self._file, self._dirty = None, False
+        if fd is not None:
+            self._sync_and_close(fd, dirty and self.policy != "never")
 
     # ------------------------------------------------------------ maintenance
 
