@@ -34,7 +34,7 @@ from sortedcontainers import SortedList
 
 from kapok.config import MqConfig
 from kapok.core import changes as ch
-from kapok.core.limits import DedupWindow, RateLimiter
+from kapok.core.limits import DedupWindow, RateLimiter, RetentionQueue
 from kapok.core.model import Consumer, Entry, Message, Status, make_code
 from kapok.core.routing import compile_pattern
 from kapok.core.topics import DEFAULT_GROUP, Group, Topic
@@ -107,7 +107,7 @@ class Broker:
         self._next_consumer = 1
         self._delayed: SortedList = SortedList()  # (deliver_at, seq, msg)
         self._expiring: SortedList = SortedList()  # (expire_at, seq, msg)
-        self._retained: SortedList = SortedList()  # (purge_at, seq, msg)
+        self._retained: RetentionQueue[Message] = RetentionQueue(cfg.retain_consumed_max)
         self._deadlines: list[tuple[float, int, Entry]] = []  # heap, lazily pruned
         self._heap_ties = itertools.count()  # unique tie-breaker: entries never get compared
         self._dedup = DedupWindow(cfg.dedup_window_s, cfg.dedup_max_entries)
@@ -136,9 +136,12 @@ class Broker:
         return woken
 
     def next_deadline(self) -> float | None:
-        heads = [lst[0][0] for lst in (self._delayed, self._expiring, self._retained) if lst]
+        heads = [lst[0][0] for lst in (self._delayed, self._expiring) if lst]
         if self._deadlines:
             heads.append(self._deadlines[0][0])
+        retained = self._retained.next_due()
+        if retained is not None:
+            heads.append(retained)
         return min(heads) if heads else None
 
     # ------------------------------------------------------------ topics and groups
@@ -160,6 +163,7 @@ class Broker:
         group = topic.groups.get(name)
         if group is None:
             group = topic.groups[name] = Group(topic, name, durable)
+            topic.groups_changed()
             if durable and self.journal:
                 self._changes.append(ch.GroupCreated(topic.name, name, now))
         return group
@@ -168,6 +172,7 @@ class Broker:
         """Forget an anonymous subscriber's private group and its copies of messages."""
         topic = group.topic
         del topic.groups[group.name]
+        topic.groups_changed()
         self._dirty.discard(group)
         pending: list[Entry] = [e for q in group.ready for e in q]
         pending.extend(group.parked)
@@ -256,39 +261,32 @@ class Broker:
         self._seq += 1
         deliver_at = d.deliver_at or (now + d.delay_s if d.delay_s > 0 else now)
         ttl = d.ttl_s or topic.cfg.ttl_s
+        code = make_code(int(now * 1000), self.node_id, seq)
+        expire_at = now + ttl if ttl > 0 else 0.0
         msg = Message(
-            seq=seq,
-            code=make_code(int(now * 1000), self.node_id, seq),
-            topic=topic.name,
-            data=d.data,
-            key=d.key,
-            priority=d.priority,
-            create_time=now,
-            deliver_at=deliver_at,
-            expire_at=now + ttl if ttl > 0 else 0.0,
-            producer_id=d.producer_id,
-            dedup_id=d.dedup_id,
-            headers=headers,
-        )
-        self.messages[msg.code] = msg
+            seq, code, topic.name, d.data, d.key, d.priority, now, deliver_at, expire_at, d.producer_id,
+            d.dedup_id, headers,
+        )  # fmt: skip
+        self.messages[code] = msg
         stats = self.stats
         stats.published += 1
-        stats.by_topic_published[topic.name] = stats.by_topic_published.get(topic.name, 0) + 1
+        by_topic = stats.by_topic_published
+        by_topic[topic.name] = by_topic.get(topic.name, 0) + 1
         delayed = deliver_at > now
         status = Status.DELAYED if delayed else Status.READY
+        entries = msg.entries
         for group in topic.groups.values():
             entry = Entry(msg, group, status)
-            msg.entries[group.name] = entry
+            entries[group.name] = entry
             if not delayed:
                 group.push_ready(entry)
                 self._dirty.add(group)
-        msg.open_entries = len(msg.entries)
+        msg.open_entries = len(entries)
         if self.journal:
-            groups = tuple(g for g, e in msg.entries.items() if e.group.durable)
             self._changes.append(
                 ch.Published(
-                    seq, msg.code, topic.name, msg.data, msg.key, msg.priority, now, deliver_at,
-                    msg.expire_at, msg.producer_id, msg.dedup_id, headers, groups,
+                    seq, code, topic.name, d.data, d.key, d.priority, now, deliver_at, expire_at,
+                    d.producer_id, d.dedup_id, headers, topic.durable_names(),
                 )
             )  # fmt: skip
         if not msg.entries:
@@ -522,7 +520,7 @@ class Broker:
             return False
         if msg.live:
             self._end_message(msg, Status.DROPPED, "deleted", now)
-        self._retained.discard((msg.finished_at + self._retention(msg), msg.seq, msg))
+        # A retained copy leaves the retention queue lazily (see tick).
         self.stats.deleted += 1
         if self.journal:
             self._changes.append(ch.MessageDeleted(code, now))
@@ -562,10 +560,10 @@ class Broker:
             _, _, msg = expiring.pop(0)
             if msg.live:
                 self._end_message(msg, Status.EXPIRED, "ttl", now)
-        retained = self._retained
-        while retained and (retained[0][0] <= now or len(retained) > self.cfg.retain_consumed_max):
-            _, _, msg = retained.pop(0)
-            self.messages.pop(msg.code, None)
+        messages = self.messages
+        for msg in self._retained.pop_due(now):
+            if messages.get(msg.code) is msg:  # not deleted meanwhile
+                del messages[msg.code]
         self._dedup.expire(now)
         self._dispatch(now)
 
@@ -668,21 +666,17 @@ class Broker:
                 self._finish(entry, status, reason, now)
         self._delayed.discard((msg.deliver_at, msg.seq, msg))
 
-    def _retention(self, msg: Message) -> float:
-        topic = self.topics.get(msg.topic)
-        return topic.cfg.retain_consumed_s if topic else self.cfg.retain_consumed_s
-
     def _complete(self, msg: Message, now: float, counted: bool = True) -> None:
         msg.finished_at = now
+        topic = self.topics[msg.topic]
         if counted:
-            topic = self.topics[msg.topic]
             topic.live_count -= 1
             topic.live_bytes -= len(msg.data)
         if msg.expire_at:
             self._expiring.discard((msg.expire_at, msg.seq, msg))
-        retain = self._retention(msg)
+        retain = topic.cfg.retain_consumed_s
         if retain > 0 and self.cfg.retain_consumed_max > 0:
-            self._retained.add((now + retain, msg.seq, msg))
+            self._retained.add(now + retain, retain, msg)
         else:
             self.messages.pop(msg.code, None)
 

@@ -7,8 +7,11 @@ grow the broker's memory without limit.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from typing import Generic, TypeVar
 
-__all__ = ["DedupWindow", "RateLimiter", "TokenBucket"]
+__all__ = ["DedupWindow", "RateLimiter", "RetentionQueue", "TokenBucket"]
+
+T = TypeVar("T")
 
 
 class TokenBucket:
@@ -100,3 +103,44 @@ class DedupWindow:
     def items(self) -> list[tuple[float, str, str, str]]:
         """``(added_at, topic, dedup_id, code)`` for every live entry (snapshots)."""
         return [(t, k[0], k[1], self._codes[k]) for t, k in self._order if k in self._codes]
+
+
+class RetentionQueue(Generic[T]):
+    """Things to forget at a due time, bounded in count.
+
+    One FIFO per retention period: with ``now`` only growing, items of one
+    period are added in due order, so add and pop are O(1) (a sorted list
+    was the hot path's most expensive structure). Past ``max_items`` the
+    item due first goes early.
+    """
+
+    def __init__(self, max_items: int) -> None:
+        self.max_items = max_items
+        self._queues: dict[float, deque[tuple[float, T]]] = {}
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def add(self, due: float, period: float, item: T) -> None:
+        queue = self._queues.get(period)
+        if queue is None:
+            queue = self._queues[period] = deque()
+        queue.append((due, item))
+        self._size += 1
+
+    def next_due(self) -> float | None:
+        heads = [q[0][0] for q in self._queues.values() if q]
+        return min(heads) if heads else None
+
+    def pop_due(self, now: float) -> list[T]:
+        out: list[T] = []
+        for queue in self._queues.values():
+            while queue and queue[0][0] <= now:
+                out.append(queue.popleft()[1])
+        self._size -= len(out)
+        while self._size > self.max_items:
+            queue = min((q for q in self._queues.values() if q), key=lambda q: q[0][0])
+            out.append(queue.popleft()[1])
+            self._size -= 1
+        return out

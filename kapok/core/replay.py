@@ -92,7 +92,7 @@ def finish_recovery(broker: Broker, now: float) -> int:
         if not msg.live:
             retain = topic.cfg.retain_consumed_s
             if retain > 0 and msg.finished_at + retain > now:
-                broker._retained.add((msg.finished_at + retain, msg.seq, msg))
+                broker._retained.add(msg.finished_at + retain, retain, msg)
             else:
                 del broker.messages[msg.code]
             continue

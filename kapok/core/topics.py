@@ -179,7 +179,7 @@ class Group:
 
 
 class Topic:
-    __slots__ = ("cfg", "delayed_count", "groups", "live_bytes", "live_count", "name", "order")
+    __slots__ = ("_durable", "cfg", "delayed_count", "groups", "live_bytes", "live_count", "name", "order")
 
     def __init__(self, name: str, cfg: TopicConfig) -> None:
         self.name = name
@@ -191,6 +191,16 @@ class Topic:
         # Publish order, for drop_oldest; finished messages are skipped lazily
         # and the deque is compacted when mostly stale.
         self.order: deque[Message] = deque()
+        self._durable: tuple[str, ...] | None = None  # cache of durable_names()
+
+    def durable_names(self) -> tuple[str, ...]:
+        """Names of the durable groups (recorded with every publish); cached until groups change."""
+        if self._durable is None:
+            self._durable = tuple(name for name, g in self.groups.items() if g.durable)
+        return self._durable
+
+    def groups_changed(self) -> None:
+        self._durable = None
 
     @property
     def is_dlq(self) -> bool:

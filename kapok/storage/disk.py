@@ -33,7 +33,7 @@ from kapok.core.broker import Broker
 from kapok.core.changes import Change
 from kapok.core.replay import apply, finish_recovery, state_records
 from kapok.errors import StorageError
-from kapok.storage.records import FrameReader, encode, encode_end
+from kapok.storage.records import FrameReader, encode_batch, encode_end
 from kapok.storage.snapshot import FoundSnapshot, SnapshotWriter, find_newest, map_file
 from kapok.storage.wal import WriteAheadLog, list_segments
 
@@ -44,7 +44,7 @@ __all__ = ["DiskStore"]
 
 log = logging.getLogger("kapok.storage")
 
-SNAPSHOT_CHUNK_BYTES = 1024 * 1024  # encode this much, then let the event loop run
+SNAPSHOT_BATCH = 5000  # records per snapshot frame; the event loop runs between frames
 
 
 class DiskStore:
@@ -184,14 +184,14 @@ class DiskStore:
                 self._snapshot_thread, SnapshotWriter, self.snapshot_dir, lsn, self._fsync
             )
             try:
-                chunk = bytearray()
+                pending: list[Change] = []
                 for record in state_records(broker, time.time()):
-                    chunk += encode(record)
-                    if len(chunk) >= SNAPSHOT_CHUNK_BYTES:
-                        await loop.run_in_executor(self._snapshot_thread, writer.write, bytes(chunk))
-                        chunk.clear()
-                chunk += encode_end()
-                await loop.run_in_executor(self._snapshot_thread, writer.write, bytes(chunk))
+                    pending.append(record)
+                    if len(pending) >= SNAPSHOT_BATCH:
+                        await loop.run_in_executor(self._snapshot_thread, writer.write, encode_batch(pending))
+                        pending.clear()
+                tail = (encode_batch(pending) if pending else b"") + encode_end()
+                await loop.run_in_executor(self._snapshot_thread, writer.write, tail)
                 await loop.run_in_executor(self._snapshot_thread, writer.commit)
                 keep_from = await loop.run_in_executor(self._snapshot_thread, writer.oldest_kept_lsn)
             except BaseException:

@@ -1,16 +1,19 @@
 """The on-disk form of change records (pure: bytes in, records out).
 
-Every record is one frame::
+Records travel in batches, one frame per batch::
 
     u32 length of the payload (little-endian)
     u32 CRC-32 of the payload
-    payload: u8 record type, then the body
+    payload: u8 kind (BATCH or END), then for a batch:
+             u32 n, n bytes of JSON: one array per record, [type, field, ...],
+             then the raw data of every Published record, back to back
 
-A ``Published`` body is ``u32 n`` + ``n`` bytes of JSON metadata + the raw
-message data (payloads stay binary, never base64); every other body is a
-JSON array of the record's fields in declaration order. The WAL and the
-snapshots use the same frames; a snapshot ends with an ``END`` frame so that
-a cut-off snapshot can never pass for a complete one.
+Payloads stay binary (a Published row carries its data length, not its
+data), and one JSON encoding and one CRC cover a whole batch: the WAL writes
+one batch per append, so the per-record cost is a tuple, not a frame. The
+WAL and the snapshots use the same frames; a snapshot ends with an ``END``
+frame so that a cut-off snapshot can never pass for a complete one. A batch
+is all or nothing: a torn write loses only batches whose acks were never sent.
 
 Decoding stops at the first frame that is incomplete (a torn write) or
 whose CRC or body is wrong (corruption), and reports the offset of the end
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any, Final
 
@@ -30,7 +33,17 @@ import orjson
 from kapok.core import changes as ch
 from kapok.errors import StorageError
 
-__all__ = ["END", "HEADER", "Decoded", "FrameReader", "decode_frames", "encode", "encode_all", "encode_end"]
+__all__ = [
+    "END",
+    "HEADER",
+    "Decoded",
+    "FrameReader",
+    "decode_frames",
+    "encode",
+    "encode_all",
+    "encode_batch",
+    "encode_end",
+]
 
 HEADER: Final = struct.Struct("<II")
 _U32: Final = struct.Struct("<I")
@@ -65,22 +78,46 @@ def _frame(payload: bytes) -> bytes:
     return HEADER.pack(len(payload), zlib.crc32(payload)) + payload
 
 
+# One row builder per type: explicit tuples are much cheaper than reflection.
+_ROWS: Final[dict[type[Any], Callable[[Any], tuple[Any, ...]]]] = {
+    ch.GroupCreated: lambda r: (2, r.topic, r.group, r.at),
+    ch.Delivered: lambda r: (3, r.code, r.topic, r.group, r.attempts, r.at),
+    ch.Requeued: lambda r: (4, r.code, r.topic, r.group, r.reason, r.at),
+    ch.Settled: lambda r: (5, r.code, r.topic, r.group, r.status, r.reason, r.at),
+    ch.MessageDeleted: lambda r: (6, r.code, r.at),
+    ch.Deduped: lambda r: (7, r.topic, r.dedup_id, r.code, r.at),
+    ch.Checkpoint: lambda r: (8, r.next_seq, r.at),
+}
+BATCH_TYPE: Final = 9
+
+
+def encode_batch(records: Iterable[ch.Change]) -> bytes:
+    """One frame holding ``records`` in order."""
+    rows: list[tuple[Any, ...]] = []
+    blobs: list[bytes] = []
+    published = ch.Published
+    for r in records:
+        if type(r) is published:
+            rows.append(
+                (
+                    1, r.seq, r.code, r.topic, r.key, r.priority, r.create_time, r.deliver_at,
+                    r.expire_at, r.producer_id, r.dedup_id, r.headers, r.groups, len(r.data),
+                )
+            )  # fmt: skip
+            blobs.append(r.data)
+        else:
+            rows.append(_ROWS[type(r)](r))
+    meta = orjson.dumps(rows)
+    return _frame(b"".join([bytes((BATCH_TYPE,)), _U32.pack(len(meta)), meta, *blobs]))
+
+
 def encode(record: ch.Change) -> bytes:
-    kind = _TYPES[type(record)]
-    if isinstance(record, ch.Published):
-        meta = orjson.dumps(
-            [
-                record.seq, record.code, record.topic, record.key, record.priority, record.create_time,
-                record.deliver_at, record.expire_at, record.producer_id, record.dedup_id, record.headers,
-                record.groups,
-            ]
-        )  # fmt: skip
-        return _frame(bytes((kind,)) + _U32.pack(len(meta)) + meta + record.data)
-    body = orjson.dumps([getattr(record, name) for name in _FIELDS[type(record)]])
-    return _frame(bytes((kind,)) + body)
+    """A frame of one record."""
+    return encode_batch((record,))
 
 
 def encode_all(records: Iterable[ch.Change]) -> bytes:
+    """One frame per record (so that every record can be cut off on its own, e.g. in tests)."""
     return b"".join([encode(r) for r in records])
 
 
@@ -88,24 +125,52 @@ def encode_end() -> bytes:
     return _frame(bytes((END_TYPE,)))
 
 
-def _decode_payload(payload: bytes) -> ch.Change | _End:
-    kind = payload[0]
-    if kind == END_TYPE:
-        return END
-    cls = _CLASSES.get(kind)
-    if cls is None:
-        raise StorageError(f"unknown record type {kind}")
-    if cls is ch.Published:
-        (n,) = _U32.unpack_from(payload, 1)
-        meta = orjson.loads(payload[5 : 5 + n])
-        seq, code, topic, key, priority, create, deliver, expire, producer, dedup, headers, groups = meta
-        return ch.Published(
-            seq, code, topic, payload[5 + n :], key, priority, create, deliver, expire, producer, dedup,
-            headers, tuple(groups),
-        )  # fmt: skip
-    values = orjson.loads(payload[1:])
-    record: ch.Change = cls(*values)
-    return record
+def _decode_batch(payload: memoryview) -> list[ch.Change]:
+    if payload[0] != BATCH_TYPE:
+        raise StorageError(f"unknown frame kind {payload[0]}")
+    (n,) = _U32.unpack_from(payload, 1)
+    rows = orjson.loads(payload[5 : 5 + n])
+    if not isinstance(rows, list):
+        raise StorageError("a batch must hold a list of records")
+    pos = 5 + n
+    out: list[ch.Change] = []
+    for row in rows:
+        kind = row[0]
+        if kind == 1:
+            (
+                _,
+                seq,
+                code,
+                topic,
+                key,
+                prio,
+                create,
+                deliver,
+                expire,
+                producer,
+                dedup,
+                headers,
+                groups,
+                size,
+            ) = row
+            if not isinstance(size, int) or size < 0 or pos + size > len(payload):
+                raise StorageError("a published record's data runs past its batch")
+            data = bytes(payload[pos : pos + size])
+            pos += size
+            out.append(
+                ch.Published(
+                    seq, code, topic, data, key, prio, create, deliver, expire, producer, dedup, headers,
+                    tuple(groups),
+                )
+            )  # fmt: skip
+        else:
+            cls = _CLASSES.get(kind)
+            if cls is None or cls is ch.Published:
+                raise StorageError(f"unknown record type {kind!r}")
+            out.append(cls(*row[1:]))
+    if pos != len(payload):
+        raise StorageError("a batch has bytes left over")
+    return out
 
 
 class FrameReader:
@@ -149,16 +214,23 @@ class FrameReader:
                 self.good_end = end
                 self.ended = True
                 return
+            records: list[ch.Change] = []
             if self._decode:
                 try:
-                    record = _decode_payload(bytes(payload))
-                except (StorageError, ValueError, TypeError, struct.error, orjson.JSONDecodeError) as exc:
-                    self.problem = f"undecodable record at offset {pos}: {exc}"
+                    records = _decode_batch(payload)
+                except (
+                    StorageError,
+                    ValueError,
+                    TypeError,
+                    IndexError,
+                    struct.error,
+                    orjson.JSONDecodeError,
+                ) as e:
+                    self.problem = f"undecodable record at offset {pos}: {e}"
                     return
             pos = self.good_end = end
-            self.count += 1
-            if self._decode and not isinstance(record, _End):
-                yield record
+            self.count += len(records)
+            yield from records
 
     def check(self) -> FrameReader:
         """Walk the frames checking lengths and CRCs only (no decoding); returns self."""

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from kapok.core.changes import Change
 from kapok.errors import StorageError
-from kapok.storage.records import encode
+from kapok.storage.records import encode_batch
 
 __all__ = ["Segment", "WriteAheadLog", "list_segments"]
 
@@ -137,9 +137,7 @@ class WriteAheadLog:
         if not self._batches or self._cut_next:
             self._batches.append(_Batch(self.next_lsn, bytearray(), self._cut_next))
             self._cut_next = False
-        data = self._batches[-1].data
-        for record in changes:
-            data += encode(record)
+        self._batches[-1].data += encode_batch(changes)
         self.next_lsn += len(changes)
         self.records_written += len(changes)
         if self._on_written is not None:

@@ -920,10 +920,10 @@ async def test_both_snapshots_corrupt_the_node_still_starts_from_what_the_wal_ho
 async def test_fuzzy_snapshot_while_the_node_keeps_changing(
     start_node: StartNode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Tiny chunks: the snapshot lets the event loop run after every record or two,
+    # Tiny batches: the snapshot lets the event loop run after every record or two,
     # so publishes, deliveries, acks, nacks, dead letters and deletes land while
     # it walks the state.
-    monkeypatch.setattr(disk_module, "SNAPSHOT_CHUNK_BYTES", 64)
+    monkeypatch.setattr(disk_module, "SNAPSHOT_BATCH", 2)
     a = await start_node(tmp_path / "a", "mq.max_deliveries=0")
     service = a.service
     sink = Collect()

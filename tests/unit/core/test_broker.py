@@ -1035,6 +1035,9 @@ def test_delete_live_message() -> None:
     assert b.delete(other, T0 + 3) is True
     assert other not in b.messages
     b.tick(T0 + 60)  # prunes the stale ack deadlines
+    # Retention slots of deleted messages are dropped lazily, when they fall due.
+    assert b.next_deadline() == T0 + 1 + b.cfg.retain_consumed_s
+    b.tick(T0 + 2 + b.cfg.retain_consumed_s)
     assert b.next_deadline() is None
 
 

@@ -170,3 +170,20 @@ def test_dedup_readd_keeps_one_entry() -> None:
     window.add("t", "a", "c2", 1.0)
     assert len(window) == 1
     assert window.items() == [(0.0, "t", "a", "c2")]
+
+
+def test_retention_queue_pops_what_is_due_per_period_and_caps_the_count() -> None:
+    from kapok.core.limits import RetentionQueue
+
+    q: RetentionQueue[str] = RetentionQueue(max_items=3)
+    q.add(10.0, 10.0, "a")  # period 10 s, due at 10
+    q.add(5.0, 1.0, "b")  # period 1 s, due at 5
+    q.add(11.0, 10.0, "c")
+    assert len(q) == 3 and q.next_due() == 5.0
+    assert q.pop_due(4.0) == []
+    assert sorted(q.pop_due(10.0)) == ["a", "b"]
+    assert len(q) == 1 and q.next_due() == 11.0
+    for i in range(4):
+        q.add(20.0 + i, 10.0, f"x{i}")
+    assert q.pop_due(0.0) == ["c", "x0"]  # over the cap: the earliest go early
+    assert len(q) == 3

@@ -31,6 +31,7 @@ from kapok.storage.records import (
     decode_frames,
     encode,
     encode_all,
+    encode_batch,
     encode_end,
 )
 from kapok.storage.snapshot import map_file
@@ -120,7 +121,7 @@ def test_published_keeps_binary_data_and_types(record: ch.Published) -> None:
 
 
 @pytest.mark.parametrize("cls", ALL_TYPES)
-def test_each_type_has_a_distinct_kind_byte(cls: type) -> None:
+def test_each_type_round_trips_alone_and_in_a_mixed_batch(cls: type) -> None:
     examples: dict[type, ch.Change] = {
         ch.Published: ch.Published(
             1, "c", "t", b"\x00\xff", "k", 3, 1.5, 2.5, 0.0, "p", "d", {"h": "v"}, ("g",)
@@ -133,9 +134,9 @@ def test_each_type_has_a_distinct_kind_byte(cls: type) -> None:
         ch.Deduped: ch.Deduped("t", "d", "c", 1.0),
         ch.Checkpoint: ch.Checkpoint(7, 1.0),
     }
-    kinds = {cls_: encode(rec)[HEADER.size] for cls_, rec in examples.items()}
-    assert len(set(kinds.values())) == len(ALL_TYPES)
     assert decode_frames(encode(examples[cls])).records == [examples[cls]]
+    mixed = [*examples.values(), examples[cls]]
+    assert decode_frames(encode_batch(mixed)).records == mixed
 
 
 @SETTINGS
@@ -248,13 +249,14 @@ def _frame(payload: bytes) -> bytes:
 @pytest.mark.parametrize(
     ("payload", "why"),
     [
-        (b"\x09[]", "unknown record type"),  # a kind byte nobody writes
-        (b"\x02not json", "undecodable"),
-        (b"\x02[1,2]", "undecodable"),  # wrong field count: TypeError
-        (b"\x02 7", "undecodable"),  # not a list: TypeError
-        (b"\x01\x00", "undecodable"),  # Published too short for its meta length
-        (b"\x01" + struct.pack("<I", 500) + b"[]", "undecodable"),  # meta length past the end
-        (b"\x01" + struct.pack("<I", 2) + b"[]", "undecodable"),  # meta with too few fields
+        (b"\x07[]", "unknown frame kind"),  # a kind byte nobody writes
+        (b"\x09" + struct.pack("<I", 8) + b"not json", "undecodable"),
+        (b"\x09" + struct.pack("<I", 7) + b"[[2,1]]", "undecodable"),  # wrong field count: TypeError
+        (b"\x09" + struct.pack("<I", 1) + b"7", "undecodable"),  # not a list
+        (b"\x09" + struct.pack("<I", 6) + b"[[42]]", "unknown record type"),
+        (b"\x09\x00", "undecodable"),  # too short for its meta length
+        (b"\x09" + struct.pack("<I", 500) + b"[]", "undecodable"),  # meta length past the end
+        (b"\x09" + struct.pack("<I", 5) + b"[[1]]", "undecodable"),  # Published with too few fields
     ],
 )
 def test_a_crc_valid_but_malformed_body_is_a_problem_not_an_exception(payload: bytes, why: str) -> None:
