@@ -58,9 +58,63 @@ def _build_parser() -> argparse.ArgumentParser:
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(func=_cmd_version)
 
+    bench = commands.add_parser(
+        "bench",
+        help="measure throughput, latency, memory and recovery of a node (see README: Benchmarks)",
+        description="Start a node per case (or target --url) and run load processes against it; "
+        "prints a table, or JSON with --json. Progress goes to stderr.",
+    )
+    _bench_options(bench)
+    bench.set_defaults(func=_cmd_bench)
+
     # Planned subcommands register here the same way: produce, consume, cluster,
-    # local-cluster, bench, analytics.
+    # local-cluster, analytics.
     return parser
+
+
+def _bench_options(command: argparse.ArgumentParser) -> None:
+    add = command.add_argument
+    add(
+        "--workload",
+        action="append",
+        metavar="NAME",
+        help="publish, e2e, latency, fanout, clients, backlog, recovery or all (repeatable; default all)",
+    )
+    add("--protocol", default="native", help="native, kapokmq or both (default native)")
+    add("--fsync", default="always", help="storage.fsync of the started nodes: always, interval, never, all")
+    add("--url", help="target this running node (http://host:port) instead of starting one per case")
+    add("--node-pid", type=int, help="with --url: the node's local PID, to read its CPU and RSS")
+    add("--key", default="test", help="the node's mq.secret_key (default test)")
+    add("--messages", type=int, default=100_000, help="messages per run (default 100000)")
+    add("--size", type=int, default=100, help="payload bytes (default 100)")
+    add("--batch", type=int, default=100, help="native: messages per pub frame (default 100)")
+    add(
+        "--inflight",
+        type=int,
+        default=10,
+        help="pub frames unconfirmed (KapokMQ: batch × inflight msgs; default 10)",
+    )
+    add("--prefetch", type=int, default=1000, help="consumer prefetch (default 1000)")
+    add("--rate", type=float, default=2000.0, help="latency: messages per second (default 2000)")
+    add("--seconds", type=float, default=10.0, help="latency: duration (default 10)")
+    add("--fanout", type=int, default=4, help="fanout: subscribers, each in its own group (default 4)")
+    add("--clients", type=int, default=100, help="clients: producers and as many consumers (default 100)")
+    add("--backlog", type=int, default=100_000, help="backlog / recovery: messages queued (default 100000)")
+    add(
+        "--timeout",
+        type=float,
+        default=180.0,
+        help="seconds a case may take before it fails (default 180)",
+    )
+    add(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="configuration override for the nodes the bench starts (repeatable)",
+    )
+    add("--json", action="store_true", help="print JSON instead of the table")
 
 
 def _config_options(command: argparse.ArgumentParser) -> None:
@@ -102,6 +156,12 @@ def _cmd_import(args: argparse.Namespace) -> int:
     summary = asyncio.run(import_kapokmq(_load(args), Path(args.source)))
     print(summary)
     return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from kapok.bench.command import run_command
+
+    return run_command(args)
 
 
 def _cmd_version(args: argparse.Namespace) -> int:

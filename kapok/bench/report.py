@@ -1,0 +1,129 @@
+"""Result rows of ``kapok bench``: percentiles, the printed table and the JSON document.
+
+Pure code (no I/O besides returning strings), shared by the orchestrator, the load
+processes (percentiles) and the compare summary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+__all__ = ["Row", "document", "format_table", "percentiles"]
+
+
+def percentiles(samples_ns: Sequence[int]) -> dict[str, float]:
+    """p50 / p99 / max in milliseconds, nearest-rank on the sorted samples (as the peer
+    benchmark computes them); empty input gives an empty dict."""
+    if not samples_ns:
+        return {}
+    ordered = sorted(samples_ns)
+    last = len(ordered) - 1
+    return {
+        "p50_ms": ordered[len(ordered) // 2] / 1e6,
+        "p99_ms": ordered[min(last, int(len(ordered) * 0.99))] / 1e6,
+        "max_ms": ordered[last] / 1e6,
+    }
+
+
+@dataclasses.dataclass
+class Row:
+    """One measured case. ``msgs_per_s`` is the workload's headline rate (see the README's
+    "Benchmarks" section for what it counts per workload); None where it does not apply."""
+
+    workload: str
+    protocol: str
+    fsync: str
+    ok: bool = True
+    variant: str = ""
+    error: str = ""
+    messages: int = 0
+    msgs_per_s: float | None = None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    max_ms: float | None = None
+    wall_s: float | None = None
+    node_cpu_s: float | None = None
+    node_rss_bytes: int | None = None
+    producer_cpu_s: float | None = None
+    consumer_cpu_s: float | None = None
+    notes: str = ""
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def label(self) -> str:
+        variant = f" ({self.variant})" if self.variant else ""
+        return f"{self.workload}{variant} {self.protocol} fsync={self.fsync}"
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    return "" if value is None else f"{value:,.{digits}f}"
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return ""
+    return f"{value:.2f}" if value < 100 else f"{value:,.0f}"
+
+
+COLUMNS = (
+    "workload",
+    "protocol",
+    "fsync",
+    "msgs/s",
+    "p50 ms",
+    "p99 ms",
+    "max ms",
+    "node CPU s",
+    "node RSS MB",
+)
+
+
+def _cells(row: Row) -> list[str]:
+    name = row.workload + (f" ({row.variant})" if row.variant else "")
+    rss = None if row.node_rss_bytes is None else row.node_rss_bytes / 2**20
+    rate = _num(row.msgs_per_s) if row.ok else "FAILED"
+    notes = row.notes if row.ok else row.error
+    return [
+        name,
+        row.protocol,
+        row.fsync,
+        rate,
+        _ms(row.p50_ms),
+        _ms(row.p99_ms),
+        _ms(row.max_ms),
+        _num(row.node_cpu_s, 2),
+        _num(rss, 1),
+        notes,
+    ]
+
+
+def format_table(rows: Iterable[Row], *, markdown: bool = True) -> str:
+    """A Markdown table (readable as plain text too), one line per row."""
+    header = [*COLUMNS, "notes"]
+    body = [_cells(row) for row in rows]
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(cells) + " |" for cells in body]
+        return "\n".join(lines)
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *body]
+    )
+
+
+def document(rows: Sequence[Row], options: dict[str, Any], version: str, date: str) -> dict[str, Any]:
+    """The ``--json`` output: what ran, where, and every row."""
+    return {
+        "kapok_version": version,
+        "date": date,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "system": f"{platform.system()} {platform.machine()}",
+        },
+        "options": options,
+        "rows": [dataclasses.asdict(row) for row in rows],
+    }

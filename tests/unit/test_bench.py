@@ -1,0 +1,86 @@
+"""The pure parts of `kapok bench`: percentiles, the table, option parsing, the compare summary."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from kapok.bench.command import options_from_args
+from kapok.bench.compare import format_report, kapok_groups, peer_groups
+from kapok.bench.report import Row, format_table, percentiles
+from kapok.cli import _build_parser
+from kapok.errors import ConfigError
+
+
+def test_percentiles_nearest_rank_in_ms() -> None:
+    samples = [i * 1_000_000 for i in range(1, 101)]  # 1..100 ms, shuffled order does not matter
+    got = percentiles(list(reversed(samples)))
+    assert got == {"p50_ms": 51.0, "p99_ms": 100.0, "max_ms": 100.0}
+    assert percentiles([]) == {}
+
+
+def test_table_has_one_line_per_row_and_shows_failures() -> None:
+    rows = [
+        Row("e2e", "native", "always", messages=10, msgs_per_s=12345.6, node_rss_bytes=2**20),
+        Row("latency", "kapokmq", "never", p50_ms=0.25, p99_ms=1.5, max_ms=3.0),
+        Row("fanout", "native", "always", ok=False, error="timed out after 5 s"),
+    ]
+    lines = format_table(rows).splitlines()
+    assert len(lines) == 2 + len(rows)
+    assert "| e2e | native | always | 12,346 |" in lines[2] and "| 1.0 |" in lines[2]
+    assert "| 0.25 | 1.50 | 3.00 |" in lines[3]
+    assert "FAILED" in lines[4] and "timed out after 5 s" in lines[4]
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    return _build_parser().parse_args(["bench", *argv])
+
+
+def test_options_expand_all_and_both() -> None:
+    options = options_from_args(_args("--workload", "all", "--protocol", "both", "--fsync", "all"))
+    assert options.workloads == ("publish", "e2e", "latency", "fanout", "clients", "backlog", "recovery")
+    assert options.protocols == ("native", "kapokmq")
+    assert options.fsyncs == ("always", "interval", "never")
+    options = options_from_args(
+        _args("--workload", "e2e", "--workload", "publish,e2e", "--fsync", "interval,never")
+    )
+    assert options.workloads == ("e2e", "publish")
+    assert options.fsyncs == ("interval", "never")
+    assert options.protocols == ("native",)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--workload", "bogus"),
+        ("--protocol", "amqp"),
+        ("--fsync", "sometimes"),
+        ("--messages", "0"),
+        ("--url", "x"),
+    ],
+)
+def test_options_reject_bad_values(argv: tuple[str, ...]) -> None:
+    with pytest.raises(ConfigError):
+        options_from_args(_args(*argv))
+
+
+def test_compare_medians_and_ratios() -> None:
+    kapok_docs = [
+        {"rows": [{"workload": "e2e", "protocol": "native", "fsync": "always", "ok": True, "msgs_per_s": r}]}
+        for r in (80_000, 100_000, 90_000)
+    ]
+    kapok_docs.append({"rows": [{"workload": "e2e", "protocol": "native", "fsync": "always", "ok": False}]})
+    peers = [
+        {"system": "nats", "mode": "e2e", "confirm": "batch", "durable": True, "msgs_per_s": 45_000},
+        {"system": "nats", "mode": "e2e", "confirm": "batch", "durable": True, "msgs_per_s": 40_000},
+        {"system": "nats", "mode": "e2e", "confirm": "batch", "durable": True, "msgs_per_s": 50_000},
+        {"system": "nats", "mode": "e2e", "confirm": "sync", "durable": True, "msgs_per_s": 1},
+        {"summary": True, "system": "nats", "mode": "e2e"},
+    ]
+    kapok = kapok_groups(kapok_docs)
+    theirs = peer_groups(peers)
+    assert kapok[("e2e", "kapok native fsync=always")].median("msgs_per_s") == 90_000
+    assert theirs[("e2e", "nats durable")].median("msgs_per_s") == 45_000
+    report = format_report(kapok, theirs)
+    assert "| kapok native fsync=always | 2.00× |" in report
