@@ -16,11 +16,15 @@ PURE_FILES = sorted(
     [
         *(PACKAGE / "core").glob("*.py"),
         PACKAGE / "server" / "codec.py",
+        *(
+            PACKAGE / "cluster" / f"{name}.py"
+            for name in ("broadcasts", "codec", "config", "membership", "messages", "suspicion", "swim")
+        ),
         PACKAGE / "errors.py",
         PACKAGE / "config.py",
     ]
 )
-PURE_MODULES = ["kapok.core", "kapok.server.codec", "kapok.errors", "kapok.config"]
+PURE_MODULES = ["kapok.core", "kapok.server.codec", "kapok.errors", "kapok.config", "kapok.cluster.swim"]
 BANNED = {"asyncio", "socket", "aiohttp", "time", "random", "threading", "selectors"}
 
 

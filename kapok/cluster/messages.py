@@ -1,0 +1,195 @@
+"""What SWIM nodes say to each other, and what the state machine asks its driver to do.
+
+Everything here is a frozen, slotted value. *Messages* travel on the wire (see
+``codec.py`` for their encoding; the numeric type codes are wire constants and only
+ever get appended to). *Effects* are the state machine's output: the driver (asyncio
+UDP/TCP, or the simulator) carries them out and makes no decisions of its own.
+
+Node metadata travels inside ``Alive`` and push-pull entries; nothing about a node is
+ever parsed out of its name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+__all__ = [
+    "Ack",
+    "Alive",
+    "Dead",
+    "Effect",
+    "IndirectPing",
+    "MemberChanged",
+    "Message",
+    "Nack",
+    "NodeMeta",
+    "NodeState",
+    "Ping",
+    "PushPull",
+    "Rng",
+    "Send",
+    "SendStream",
+    "State",
+    "Suspect",
+]
+
+
+class Rng(Protocol):
+    """The slice of ``random.Random`` the protocol uses; a seeded instance is injected."""
+
+    def random(self) -> float: ...
+
+    def randrange(self, start: int, stop: int | None = None, step: int = 1) -> int: ...
+
+
+class State(StrEnum):
+    """A member's state as seen by one node. ``left`` is a graceful leave, ``dead`` a failure."""
+
+    ALIVE = "alive"
+    SUSPECT = "suspect"
+    DEAD = "dead"
+    LEFT = "left"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMeta:
+    """What the broker tells the cluster about a node (SPEC §13 ``/cluster/nodes``).
+
+    ``pair`` names the paired master/slave (``None`` when unpaired); ``load`` is a
+    free-form figure the node publishes (higher = busier).
+    """
+
+    name: str
+    http_url: str = ""
+    role: str = "master"
+    pair: str | None = None
+    version: str = ""
+    load: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """One member as one node sees it: a push-pull entry and a row of ``Swim.members()``."""
+
+    name: str
+    addr: str
+    incarnation: int
+    state: State
+    meta: NodeMeta
+
+
+# ---------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """Direct probe. ``target`` is the name the sender means to reach, so a node that
+    restarted under another name at the same address does not answer for the old one."""
+
+    seq: int
+    target: str
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class IndirectPing:
+    """Ask a helper to probe ``target`` at ``target_addr`` and relay the ack (ping-req).
+    With ``nack`` the helper also answers ``Nack`` when the target stays silent."""
+
+    seq: int
+    target: str
+    target_addr: str
+    nack: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Nack:
+    """Lifeguard: "I tried the target for you and heard nothing" — proof the helper is alive."""
+
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Suspect:
+    incarnation: int
+    node: str
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class Alive:
+    """Join, refutation or metadata update; only ``node`` itself ever raises its incarnation."""
+
+    incarnation: int
+    node: str
+    addr: str
+    meta: NodeMeta
+
+
+@dataclass(frozen=True, slots=True)
+class Dead:
+    """Confirmed failure; ``source == node`` is a graceful leave (the node becomes ``left``)."""
+
+    incarnation: int
+    node: str
+    source: str
+
+    @property
+    def is_leave(self) -> bool:
+        return self.source == self.node
+
+
+@dataclass(frozen=True, slots=True)
+class PushPull:
+    """Full state exchange (anti-entropy and join). Too large for a datagram: sent as a stream.
+    ``reply`` asks the receiver to answer with its own state; ``join`` marks a joiner."""
+
+    source: str
+    source_addr: str
+    join: bool
+    reply: bool
+    states: tuple[NodeState, ...]
+
+
+Message = Ping | IndirectPing | Ack | Nack | Suspect | Alive | Dead | PushPull
+
+
+# ---------------------------------------------------------------- effects
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send one datagram (already encoded and authenticated, at most the packet limit)."""
+
+    addr: str
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SendStream:
+    """Deliver one authenticated blob over a stream connection (push-pull); best effort."""
+
+    addr: str
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class MemberChanged:
+    """A member's row changed (new, state, incarnation, address or metadata); also for self."""
+
+    name: str
+    addr: str
+    state: State
+    incarnation: int
+    meta: NodeMeta
+    previous: State | None  # None: first time this node hears of the member
+
+
+Effect = Send | SendStream | MemberChanged

@@ -1,0 +1,61 @@
+"""The reduced S-grid: scenarios S1–S8 of reference/swim-anchors.md §8 at N = 200 with the
+``lan`` profile, each asserting its targets (the full N = 1,000 grid is
+``python -m kapok.cluster.sim``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kapok.cluster.scenarios import SCENARIOS, Params, Result
+from kapok.cluster.sim import format_table, main
+
+N = 200
+
+
+def check(result: Result) -> None:
+    table = format_table([result])
+    assert result.checks, table
+    assert result.ok, table
+
+
+def test_s1_crash_detection() -> None:
+    check(SCENARIOS["S1"](Params(n=N, seeds=10)))  # p50 over few seeds is one seed's luck
+
+
+def test_s2_join_dissemination() -> None:
+    check(SCENARIOS["S2"](Params(n=N, seeds=2)))
+
+
+def test_s3_formation() -> None:
+    check(SCENARIOS["S3"](Params(n=N, seeds=1)))
+
+
+@pytest.mark.slow
+def test_s4_no_false_deaths_at_ten_percent_loss() -> None:
+    check(SCENARIOS["S4"](Params(n=N, seeds=1, duration_s=120.0, quick=True)))
+
+
+@pytest.mark.slow
+def test_s5_slow_nodes_lifeguard_vs_plain() -> None:
+    check(SCENARIOS["S5"](Params(n=N, seeds=1, quick=True)))
+
+
+@pytest.mark.slow
+def test_s6_partition_heals() -> None:
+    check(SCENARIOS["S6"](Params(n=N, seeds=1)))
+
+
+def test_s7_load_is_flat_in_n() -> None:
+    check(SCENARIOS["S7"](Params(n=N, seeds=1)))
+
+
+def test_s8_determinism_and_speed() -> None:
+    check(SCENARIOS["S8"](Params(n=N, seeds=1, duration_s=60.0)))
+
+
+def test_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--nodes", "30", "--seeds", "1", "--scenario", "s1,S7"]) == 0
+    out = capsys.readouterr().out
+    assert "S1" in out and "S7" in out and "MISS" not in out
+    with pytest.raises(SystemExit):
+        main(["--scenario", "S9"])
