@@ -12,6 +12,7 @@ compatibility routes), and the client maps ``code`` back to the same class::
      │         ├── UnknownOpError     a frame with an ``op`` nobody knows
      │         └── MessageTooLargeError
      ├── AuthError                    missing or wrong secret key
+     ├── TooManyConnectionsError      server.max_connections reached
      ├── BrokerError
      │    ├── QueueFullError          topic over max_length / max_bytes (policy reject)
      │    ├── RateLimitedError        producer over its token bucket
@@ -38,6 +39,7 @@ __all__ = [
     "RateLimitedError",
     "StorageError",
     "SubscriptionError",
+    "TooManyConnectionsError",
     "UnknownCodeError",
     "UnknownOpError",
     "error_for_code",
@@ -83,6 +85,11 @@ class MessageTooLargeError(BadRequestError):
 class AuthError(KapokError):
     code = "unauthorized"
     http_status = 401
+
+
+class TooManyConnectionsError(KapokError):
+    code = "too_many_connections"
+    http_status = 503
 
 
 class BrokerError(KapokError):

@@ -6,35 +6,19 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from kapok.config import Config, load_config
 from kapok.server.app import make_app
-from kapok.server.keys import SERVICE
-from kapok.server.service import BrokerService
+from kapok.testing.inprocess import InProcessNode
 
 SECRET = "test"
 
 NodeFactory = Callable[..., Awaitable["Node"]]
 
 
-class Node:
+class Node(InProcessNode):
     """A running in-process node: its test server, service and base URLs."""
-
-    def __init__(self, server: TestServer, app: web.Application) -> None:
-        self.server = server
-        self.app = app
-        self.service: BrokerService = app[SERVICE]
-        self.service.http_port = server.port or 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.port}"
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.server.port}"
 
 
 def make_config(*sets: str) -> Config:

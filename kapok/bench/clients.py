@@ -221,6 +221,22 @@ class _ProducerBase:
     def _reply(self, data: str | bytes) -> None:
         raise NotImplementedError
 
+    async def _send_stamped(self, due: int, pad: str) -> int:
+        """Send some of the ``due`` messages, each stamped with the send time; returns how many."""
+        raise NotImplementedError
+
+    async def paced(self, n: int, rate: float, deadline: float) -> None:
+        pad = padding(self.size, True)
+        t0 = time.monotonic()
+        sent = 0
+        while sent < n and time.monotonic() < deadline:
+            due = min(n, int((time.monotonic() - t0) * rate) + 1)
+            while sent < due:
+                sent += await self._send_stamped(due - sent, pad)
+            # >= 1 ms: the loop's timers have millisecond resolution
+            await asyncio.sleep(max(0.001, t0 + sent / rate - time.monotonic()))
+        await self.window.drain()
+
     async def close(self) -> None:
         self._closing = True
         if self.ws is not None:
@@ -262,20 +278,12 @@ class NativeProducer(_ProducerBase):
             sent += k
         await self.window.drain()
 
-    async def paced(self, n: int, rate: float, deadline: float) -> None:
-        pad = padding(self.size, True)
-        t0 = time.monotonic()
-        sent = 0
-        while sent < n and time.monotonic() < deadline:
-            due = min(n, int((time.monotonic() - t0) * rate) + 1)
-            while sent < due:  # everything due at this tick goes in one frame (at most a batch)
-                k = min(due - sent, self.batch)
-                await self.window.take(k)
-                await self.ws.send_bytes(self._frame(k, partial(_stamp, pad)))
-                sent += k
-            # >= 1 ms: the loop's timers have millisecond resolution
-            await asyncio.sleep(max(0.001, t0 + sent / rate - time.monotonic()))
-        await self.window.drain()
+    async def _send_stamped(self, due: int, pad: str) -> int:
+        # Everything due at this tick goes in one frame (at most a batch).
+        k = min(due, self.batch)
+        await self.window.take(k)
+        await self.ws.send_bytes(self._frame(k, partial(_stamp, pad)))
+        return k
 
 
 class CompatProducer(_ProducerBase):
@@ -300,18 +308,10 @@ class CompatProducer(_ProducerBase):
             await send(frame)
         await self.window.drain()
 
-    async def paced(self, n: int, rate: float, deadline: float) -> None:
-        pad = padding(self.size, True)
-        t0 = time.monotonic()
-        sent = 0
-        while sent < n and time.monotonic() < deadline:
-            due = min(n, int((time.monotonic() - t0) * rate) + 1)
-            while sent < due:
-                await self.window.take(1)
-                await self.ws.send_str('{"MessageData":"' + _stamp(pad) + '","DelayTime":0}')
-                sent += 1
-            await asyncio.sleep(max(0.001, t0 + sent / rate - time.monotonic()))
-        await self.window.drain()
+    async def _send_stamped(self, due: int, pad: str) -> int:
+        await self.window.take(1)
+        await self.ws.send_str('{"MessageData":"' + _stamp(pad) + '","DelayTime":0}')
+        return 1
 
 
 class _ConsumerBase:

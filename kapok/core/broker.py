@@ -89,7 +89,7 @@ class Stats:
 def check_name(kind: str, name: str) -> str:
     if not isinstance(name, str) or not name or len(name) > MAX_NAME_CHARS:
         raise BadRequestError(f"{kind} must be 1 to {MAX_NAME_CHARS} characters")
-    if any(ch.isspace() or ch == "/" or not ch.isprintable() for ch in name):
+    if any(c.isspace() or c == "/" or not c.isprintable() for c in name):
         raise BadRequestError(f"{kind} {name!r} contains a space, a slash or a control character")
     return name
 
@@ -210,14 +210,16 @@ class Broker:
                 raise BadRequestError("ttl_s must not be negative")
             per_producer[d.producer_id] = per_producer.get(d.producer_id, 0) + 1
         # Duplicates are answered with the original code and take no room.
-        codes: list[str | None] = []
+        # Each slot: None (store it), a known code, or the index of an earlier
+        # draft of this batch with the same dedup id.
+        codes: list[str | int | None] = []
         fresh: dict[str, list[Draft]] = {}
         seen: dict[tuple[str, str], int] = {}
         for i, d in enumerate(drafts):
             if d.dedup_id:
-                known = self._dedup.get(d.topic, d.dedup_id, now)
-                if known is None and (d.topic, d.dedup_id) in seen:
-                    known = f"@{seen[(d.topic, d.dedup_id)]}"
+                known: str | int | None = self._dedup.get(d.topic, d.dedup_id, now)
+                if known is None:
+                    known = seen.get((d.topic, d.dedup_id))
                 if known is not None:
                     codes.append(known)
                     continue
@@ -240,16 +242,14 @@ class Broker:
                         f"producer {producer!r} is over its publish rate of {self.cfg.producer_rate}/s"
                     )
         out: list[str] = []
-        for d, code in zip(drafts, codes, strict=True):
-            if code is None:
+        for d, slot in zip(drafts, codes, strict=True):
+            if slot is None:
                 code = self._store(self.topic(d.topic), d, None, now).code
                 if d.dedup_id:
                     self._dedup.add(d.topic, d.dedup_id, code, now)
-            elif code.startswith("@"):
-                self.stats.duplicates += 1
-                code = out[int(code[1:])]
             else:
                 self.stats.duplicates += 1
+                code = out[slot] if isinstance(slot, int) else slot
             out.append(code)
         for name in fresh:
             self._enforce_limits(self.topics[name], now)

@@ -93,6 +93,10 @@ class Group:
             if entry.status is Status.READY:
                 self.ready[entry.msg.priority].appendleft(entry)
 
+    def consumer_count(self) -> int:
+        """Subscribed consumers (the pull lessee is not one)."""
+        return sum(1 for c in self.consumers if not c.is_pull)
+
     def inflight_count(self) -> int:
         return sum(len(c.held) for c in self.consumers)
 

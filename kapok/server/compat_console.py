@@ -44,7 +44,7 @@ def _console(path: str) -> Callable[[Handler], Handler]:
                 return json_response({"code": -1, "msg": KEY_ERROR})
             try:
                 result = await handler(request, service)
-            except (_ConsoleError, BadRequestError) as exc:
+            except BadRequestError as exc:
                 service.count_bad_input("console_form")
                 return json_response({"code": -1, "msg": str(exc)})
             return json_response(result)
@@ -53,10 +53,6 @@ def _console(path: str) -> Callable[[Handler], Handler]:
         return handler
 
     return wrap
-
-
-class _ConsoleError(Exception):
-    pass
 
 
 @_console("/Console/Ping")
@@ -133,7 +129,7 @@ def _parse_date(text: str, name: str) -> float | None:
     try:
         return datetime.strptime(text.strip(), DATE_FORMAT).timestamp()
     except ValueError:
-        raise _ConsoleError(f"{name} must look like 2022-02-05 00:00:00") from None
+        raise BadRequestError(f"{name} must look like 2022-02-05 00:00:00") from None
 
 
 def _int_field(form: dict[str, str], name: str, default: int, lo: int, hi: int) -> int:
@@ -143,9 +139,9 @@ def _int_field(form: dict[str, str], name: str, default: int, lo: int, hi: int) 
     try:
         value = int(text)
     except ValueError:
-        raise _ConsoleError(f"{name} must be an integer") from None
+        raise BadRequestError(f"{name} must be an integer") from None
     if not lo <= value <= hi:
-        raise _ConsoleError(f"{name} must be between {lo} and {hi}")
+        raise BadRequestError(f"{name} must be between {lo} and {hi}")
     return value
 
 
@@ -156,7 +152,7 @@ async def get_message_list(request: web.Request, service: BrokerService) -> Any:
     end = _parse_date(form.get("endTime", ""), "endTime")
     status = _int_field(form, "status", 3, -1, 3)
     if status == 2:
-        raise _ConsoleError("status must be -1, 0, 1 or 3 (all)")
+        raise BadRequestError("status must be -1, 0, 1 or 3 (all)")
     page = _int_field(form, "page", 1, 1, 1_000_000)
     size = _int_field(form, "pageSize", MAX_PAGE, 1, MAX_PAGE)
     topic = form.get("topic", "")

@@ -71,7 +71,7 @@ class _ServiceCollector(Collector):
                 labels = [topic.name, group.name]
                 ready.add_metric(labels, group.ready_count)
                 inflight.add_metric(labels, group.inflight_count())
-                consumers.add_metric(labels, sum(1 for c in group.consumers if not c.is_pull))
+                consumers.add_metric(labels, group.consumer_count())
         yield from (ready, inflight, consumers, live, live_bytes, delayed)
         clients = GaugeMetricFamily("kapok_clients", "Connected clients")
         clients.add_metric([], len(service.clients))

@@ -127,7 +127,7 @@ def topic_stats(topic: Topic) -> dict[str, Any]:
             "durable": group.durable,
             "ready": group.ready_count,
             "inflight": group.inflight_count(),
-            "consumers": sum(1 for c in group.consumers if not c.is_pull),
+            "consumers": group.consumer_count(),
         }
         for group in topic.groups.values()
     ]

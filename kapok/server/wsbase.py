@@ -7,16 +7,11 @@ from collections.abc import AsyncIterator
 
 from aiohttp import WSCloseCode, web
 
-from kapok.errors import KapokError
+from kapok.errors import TooManyConnectionsError
 from kapok.server.keys import CONNECTIONS, SERVICE
 from kapok.server.outbox import Outbox
 
 __all__ = ["frame_limit", "open_ws"]
-
-
-class TooManyConnectionsError(KapokError):
-    code = "too_many_connections"
-    http_status = 503
 
 
 def frame_limit(max_message_bytes: int, max_batch: int) -> int:

@@ -192,8 +192,7 @@ class DiskStore:
                         pending.clear()
                 tail = (encode_batch(pending) if pending else b"") + encode_end()
                 await loop.run_in_executor(self._snapshot_thread, writer.write, tail)
-                await loop.run_in_executor(self._snapshot_thread, writer.commit)
-                keep_from = await loop.run_in_executor(self._snapshot_thread, writer.oldest_kept_lsn)
+                keep_from = await loop.run_in_executor(self._snapshot_thread, writer.commit)
             except BaseException:
                 with contextlib.suppress(OSError):
                     await loop.run_in_executor(self._snapshot_thread, writer.abort)

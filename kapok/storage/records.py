@@ -25,7 +25,7 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
@@ -34,7 +34,6 @@ from kapok.core import changes as ch
 from kapok.errors import StorageError
 
 __all__ = [
-    "END",
     "HEADER",
     "Decoded",
     "FrameReader",
@@ -60,18 +59,7 @@ _TYPES: Final[dict[type[Any], int]] = {
     ch.Checkpoint: 8,
 }
 _CLASSES: Final = {code: cls for cls, code in _TYPES.items()}
-_FIELDS: Final = {cls: tuple(f.name for f in fields(cls)) for cls in _TYPES}
 END_TYPE: Final = 255
-
-
-class _End:
-    """The marker that closes a snapshot."""
-
-    def __repr__(self) -> str:
-        return "END"
-
-
-END: Final = _End()
 
 
 def _frame(payload: bytes) -> bytes:

@@ -87,8 +87,8 @@ class SnapshotWriter:
             view = view[os.write(self._fd, view) :]
         self.size += len(chunk)
 
-    def commit(self) -> None:
-        """Make the snapshot durable and visible, then delete the older ones."""
+    def commit(self) -> int:
+        """Make the snapshot durable and visible, delete the older ones; returns the oldest kept LSN."""
         self._fsync(self._fd)
         os.close(self._fd)
         os.replace(self.temp, self.final)
@@ -99,11 +99,10 @@ class SnapshotWriter:
             os.close(dir_fd)
         # Keep the previous snapshot too (and the WAL since it, see DiskStore.snapshot):
         # should the new file ever prove unreadable, recovery falls back to the old one.
-        for _, path in list_snapshots(self.directory)[:-KEEP]:
+        snapshots = list_snapshots(self.directory)
+        for _, path in snapshots[:-KEEP]:
             path.unlink(missing_ok=True)
-
-    def oldest_kept_lsn(self) -> int:
-        return list_snapshots(self.directory)[0][0]
+        return snapshots[-KEEP:][0][0]
 
     def abort(self) -> None:
         os.close(self._fd)

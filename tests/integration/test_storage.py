@@ -37,13 +37,13 @@ from kapok.config import load_config
 from kapok.core.broker import Broker, Draft
 from kapok.core.model import Consumer, Entry
 from kapok.server.app import make_app
-from kapok.server.keys import SERVICE
 from kapok.server.service import BrokerService
 from kapok.storage import disk as disk_module
 from kapok.storage.disk import DiskStore
 from kapok.storage.records import decode_frames, encode, encode_end
 from kapok.storage.snapshot import list_snapshots
 from kapok.storage.wal import list_segments
+from kapok.testing.inprocess import InProcessNode
 
 SECRET = "test"
 AUTH = {"Authorization": f"Bearer {SECRET}"}
@@ -56,26 +56,11 @@ Frame = dict[str, Any]
 # ---------------------------------------------------------------- nodes
 
 
-class Node:
+class Node(InProcessNode):
     def __init__(self, server: TestServer, app: web.Application, store: DiskStore, data_dir: Path) -> None:
-        self.server = server
-        self.app = app
+        super().__init__(server, app)
         self.store = store
         self.dir = data_dir
-        self.service: BrokerService = app[SERVICE]
-        self.service.http_port = server.port or 0
-
-    @property
-    def broker(self) -> Broker:
-        return self.service.broker
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.port}"
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.server.port}"
 
     async def stop(self) -> None:
         """A clean shutdown: connections closed, final snapshot, WAL closed."""
