@@ -67,8 +67,16 @@ def _build_parser() -> argparse.ArgumentParser:
     _bench_options(bench)
     bench.set_defaults(func=_cmd_bench)
 
-    # Planned subcommands register here the same way: produce, consume, cluster,
-    # local-cluster, analytics.
+    cluster = commands.add_parser("cluster", help="look at a cluster through one of its nodes")
+    cluster_commands = cluster.add_subparsers(
+        dest="cluster_command", metavar="COMMAND", required=True, parser_class=_Parser
+    )
+    nodes = cluster_commands.add_parser("nodes", help="list the members one node's gossip view holds")
+    nodes.add_argument("--seed", required=True, metavar="URL", help="any node's HTTP URL, e.g. http://127.0.0.1:8011")
+    nodes.add_argument("--json", action="store_true", help="print the JSON list instead of the table")
+    nodes.set_defaults(func=_cmd_cluster_nodes)
+
+    # Planned subcommands register here the same way: produce, consume, local-cluster, analytics.
     return parser
 
 
@@ -162,6 +170,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from kapok.bench.command import run_command
 
     return run_command(args)
+
+
+def _cmd_cluster_nodes(args: argparse.Namespace) -> int:
+    import json
+
+    from kapok.cluster.show import fetch_nodes, nodes_table
+
+    rows = fetch_nodes(args.seed)
+    print(json.dumps(rows, indent=2) if args.json else nodes_table(rows))
+    return 0
 
 
 def _cmd_version(args: argparse.Namespace) -> int:

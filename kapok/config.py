@@ -29,12 +29,14 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from kapok.cluster.config import SwimConfig
 from kapok.errors import ConfigError
 
 __all__ = [
     "ClusterConfig",
     "Config",
     "FrozenMap",
+    "GossipTuning",
     "LogConfig",
     "MqConfig",
     "ReplicationConfig",
@@ -200,13 +202,46 @@ class StorageConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class GossipTuning:
+    """Overrides of the ``cluster.profile`` timings; None = the profile's value.
+
+    The names are those of ``kapok.cluster.config.SwimConfig``, which documents each one."""
+
+    probe_interval_s: float | None = _opt(None, gt=0)  # one probe per interval
+    probe_timeout_s: float | None = _opt(None, gt=0)  # wait for a direct ack before indirect probes
+    indirect_checks: int | None = _opt(None, lo=0)  # members asked to probe on our behalf
+    suspicion_mult: int | None = _opt(None, lo=1)  # suspicion timeout = mult × log10(n) × probe interval
+    suspicion_max_timeout_mult: int | None = _opt(None, lo=1)  # longest suspicion = this × shortest
+    awareness_max_multiplier: int | None = _opt(None, lo=1)  # local health slows probing at most this much
+    gossip_interval_s: float | None = _opt(None, gt=0)  # gossip tick while updates are queued
+    gossip_nodes: int | None = _opt(None, lo=1)  # members gossiped to per tick
+    gossip_to_dead_s: float | None = _opt(None, lo=0)  # dead members still get gossip this long
+    retransmit_mult: int | None = _opt(None, lo=1)  # each update is sent mult × log10(n + 1) times
+    push_pull_interval_s: float | None = _opt(None, gt=0)  # full state exchange period (TCP)
+    dead_reclaim_s: float | None = _opt(None, lo=0)  # a dead name may come back from a new address after
+    forget_dead_s: float | None = _opt(None, lo=0)  # dead and left members are dropped after
+    join_retry_s: float | None = _opt(None, gt=0)  # join re-sent this often while alone
+    reconnect_interval_s: float | None = _opt(None, gt=0)  # state exchange with a dead member this often
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterConfig:
     enabled: bool = False  # join the SWIM gossip cluster
-    bind: str = "127.0.0.1:8021"  # UDP gossip address, host:port
+    bind: str = "127.0.0.1:8021"  # gossip address, host:port (UDP, and TCP for state exchange)
     advertise: str = ""  # host:port others reach us at; empty = bind
     seeds: tuple[str, ...] = ()  # host:port gossip addresses to join through
-    secret: str = ""  # HMAC key of gossip packets
+    secret: tuple[str, ...] = ()  # gossip HMAC keys: the first signs, all are accepted (rotation)
     profile: str = _opt("lan", choices=("lan", "fast"))  # timing profile: lan, or fast (tests, demos)
+    tuning: GossipTuning = field(default_factory=GossipTuning)  # per-timing overrides of the profile
+
+    def swim(self) -> SwimConfig:
+        """The protocol timings: the profile with the ``tuning`` overrides applied."""
+        overrides = {
+            f.name: getattr(self.tuning, f.name)
+            for f in dataclasses.fields(GossipTuning)
+            if getattr(self.tuning, f.name) is not None
+        }
+        return SwimConfig.profile(self.profile, **overrides)
 
 
 @dataclass(frozen=True, slots=True)
@@ -526,6 +561,12 @@ def validate_config(config: Config) -> None:
             f"address and the secret key is {which}; "
             f"set mq.secret_key (or {env_var_name('mq.secret_key')}) to a real secret"
         )
+    if any(not key for key in cluster.secret):
+        raise ConfigError("cluster.secret: a key must not be empty")
+    try:
+        cluster.swim()
+    except ValueError as exc:
+        raise ConfigError(f"cluster.tuning: {exc}") from None
     if cluster.enabled and not cluster.secret and not is_loopback(cluster.bind.rpartition(":")[0]):
         raise ConfigError(
             f"cluster.secret: refusing to start: cluster.bind {cluster.bind!r} is not a loopback "

@@ -8,9 +8,10 @@ from aiohttp import WSCloseCode, web
 
 from kapok import __version__
 from kapok.clock import Clock
+from kapok.cluster.node import GossipNode
 from kapok.config import Config
-from kapok.server import compat, compat_console, ops, v1_http, v1_ws
-from kapok.server.keys import CONFIG, CONNECTIONS, REGISTRY, SERVICE, OpenSockets
+from kapok.server import cluster_view, compat, compat_console, ops, v1_http, v1_ws
+from kapok.server.keys import CONFIG, CONNECTIONS, GOSSIP, REGISTRY, SERVICE, OpenSockets
 from kapok.server.metrics import make_registry
 from kapok.server.middlewares import auth_middleware, error_middleware
 from kapok.server.service import BrokerService
@@ -56,8 +57,12 @@ def make_app(config: Config, *, store: Store | None = None, clock: Clock | None 
     app[CONNECTIONS] = OpenSockets()
     app[REGISTRY] = make_registry(service)
     app.cleanup_ctx.append(_service_ctx)
+    if config.cluster.enabled:
+        app[GOSSIP] = GossipNode(config.cluster, cluster_view.node_meta(service))
+        app.cleanup_ctx.append(cluster_view.gossip_ctx)  # after the service: joins once recovered
     app.on_shutdown.append(_close_connections)
     app.router.add_get("/", _index)
-    for table in (compat.routes, compat_console.routes, v1_ws.routes, v1_http.routes, ops.routes):
+    for table in (compat.routes, compat_console.routes, v1_ws.routes, v1_http.routes, ops.routes,
+                  cluster_view.routes):
         app.add_routes(table)
     return app

@@ -19,12 +19,13 @@ from kapok.config import Config
 from kapok.core.model import Message
 from kapok.errors import BadRequestError
 from kapok.server.auth import KEY_ERROR, key_matches
+from kapok.server.cluster_view import compat_nodes
 from kapok.server.codec import compat_message
 from kapok.server.keys import SERVICE
 from kapok.server.responses import json_response, read_form
 from kapok.server.service import BrokerService
 
-__all__ = ["compat_node", "routes"]
+__all__ = ["routes"]
 
 routes = web.RouteTableDef()
 
@@ -202,17 +203,12 @@ async def count_message(request: web.Request, service: BrokerService) -> Any:
     return {"code": 0, "data": data}
 
 
-def compat_node(service: BrokerService) -> dict[str, str]:
-    """This node as Serena lists it; the gossip view replaces it once clustering lands."""
-    host, port = service.http_host, service.http_port
-    return {"Name": f"mq:{host}:{port}", "Addr": host, "Port": str(port)}
-
-
 @_console("/Console/GetNodes")
 async def get_nodes(request: web.Request, service: BrokerService) -> Any:
-    return [compat_node(service)]
+    return compat_nodes(request.app, masters_only=False)
 
 
 @_console("/Registry/GetNodes")
 async def registry_get_nodes(request: web.Request, service: BrokerService) -> Any:
-    return [compat_node(service)]
+    # The KapokMQ cluster producer sends to every node listed here: active masters only.
+    return compat_nodes(request.app, masters_only=True)

@@ -7,10 +7,11 @@ from typing import Final
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from kapok.cluster.node import GossipNode
 from kapok.config import Config
 from kapok.server.service import BrokerService
 
-__all__ = ["CONFIG", "CONNECTIONS", "REGISTRY", "SERVICE"]
+__all__ = ["CONFIG", "CONNECTIONS", "GOSSIP", "REGISTRY", "SERVICE"]
 
 CONFIG: Final = web.AppKey("config", Config)
 SERVICE: Final = web.AppKey("service", BrokerService)
@@ -24,3 +25,5 @@ class OpenSockets(set[web.WebSocketResponse]):
 
 CONNECTIONS: Final = web.AppKey("connections", OpenSockets)
 REGISTRY: Final = web.AppKey("metrics_registry", CollectorRegistry)
+# Set only when cluster.enabled; read it with ``app.get(GOSSIP)``.
+GOSSIP: Final = web.AppKey("gossip", GossipNode)

@@ -1,4 +1,4 @@
-"""Operational routes: health, Prometheus metrics, the cluster view.
+"""Operational routes: health and Prometheus metrics (the cluster view is in cluster_view.py).
 
 These carry no message data, so they need no key (load balancers and
 scrapers call them); everything that does carry data is authenticated.
@@ -6,17 +6,14 @@ scrapers call them); everything that does carry data is authenticated.
 
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kapok import __version__
 from kapok.server.keys import REGISTRY, SERVICE
 from kapok.server.responses import json_response
-from kapok.server.service import BrokerService
 
-__all__ = ["member_view", "routes"]
+__all__ = ["routes"]
 
 routes = web.RouteTableDef()
 
@@ -42,24 +39,3 @@ async def health(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     body = generate_latest(request.app[REGISTRY])
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-def member_view(service: BrokerService) -> dict[str, Any]:
-    """This node in the ``/cluster/nodes`` shape (the gossip view adds the others)."""
-    cfg = service.config
-    return {
-        "name": service.node_name,
-        "http_url": service.http_url,
-        "gossip_addr": cfg.cluster.advertise or cfg.cluster.bind if cfg.cluster.enabled else None,
-        "state": "alive",
-        "incarnation": 0,
-        "role": cfg.replication.role,
-        "pair": None,
-        "epoch": 0,
-        "version": __version__,
-    }
-
-
-@routes.get("/cluster/nodes")
-async def cluster_nodes(request: web.Request) -> web.Response:
-    return json_response([member_view(request.app[SERVICE])])

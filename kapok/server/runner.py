@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Callable
 
@@ -33,17 +35,36 @@ def serve(config: Config) -> None:
         runner.run(_serve(config))
 
 
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound but not yet listening: with port 0 the node learns its
+    real port before anything uses its name (``host:port``), so every node of a test
+    cluster started on port 0 has a name of its own."""
+    family, kind, proto, _, addr = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 async def _serve(config: Config) -> None:
+    sock = _bind(config.server.host, config.server.port)
+    if config.server.port == 0:
+        config = dataclasses.replace(
+            config, server=dataclasses.replace(config.server, port=int(sock.getsockname()[1]))
+        )
     app = make_app(config)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
-    await runner.setup()
     try:
-        site = web.TCPSite(runner, config.server.host, config.server.port, backlog=1024)
+        await runner.setup()
+        site = web.SockSite(runner, sock, backlog=1024)
         await site.start()
         service = app[SERVICE]
-        addresses = runner.addresses
-        if addresses:
-            service.http_port = int(addresses[0][1])
         # Tests and scripts wait for this exact line (stdout), so keep its shape.
         print(f"kapok: node {service.node_name} listening on {service.http_url}", flush=True)
         log.info(
@@ -57,4 +78,5 @@ async def _serve(config: Config) -> None:
         log.info("shutting down")
     finally:
         await runner.cleanup()
+        sock.close()
         sys.stdout.flush()

@@ -20,6 +20,7 @@ from pathlib import Path
 __all__ = ["NodeProcess", "start_node"]
 
 _LISTENING = re.compile(r"listening on (http://\S+)")
+_GOSSIP = re.compile(r"gossip on (\S+)")
 
 
 class NodeProcess:
@@ -41,6 +42,14 @@ class NodeProcess:
     @property
     def ws_url(self) -> str:
         return "ws" + self.url.removeprefix("http")
+
+    @property
+    def gossip_addr(self) -> str:
+        """The gossip address the node printed (``cluster.enabled`` only)."""
+        match = _GOSSIP.search(self.output)
+        if match is None:
+            raise RuntimeError("this node printed no gossip address (is cluster.enabled set?)")
+        return match.group(1)
 
     @property
     def output(self) -> str:

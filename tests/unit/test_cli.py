@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import types
@@ -12,6 +13,7 @@ import pytest
 
 import kapok
 from kapok.cli import main
+from kapok.cluster.show import nodes_table
 from kapok.config import Config
 from kapok.errors import BrokerError
 
@@ -147,3 +149,29 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert "serve" in out and "version" in out
     assert main(["version"]) == 0
     assert capsys.readouterr().out == f"kapok {kapok.__version__}\n"
+
+
+def test_cluster_nodes_unreachable_seed_is_one_line_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert main(["cluster", "nodes", "--seed", f"http://127.0.0.1:{port}"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"kapok: error: cannot reach http://127.0.0.1:{port}/cluster/nodes")
+    assert err.count("\n") == 1
+    assert main(["cluster", "nodes", "--seed", "127.0.0.1:8011"]) == 1
+    assert "expected an http(s) URL" in capsys.readouterr().err
+
+
+def test_cluster_nodes_table() -> None:
+    rows = [
+        {"name": "b", "state": "dead", "incarnation": 2, "role": "master", "pair": None, "http_url": "http://b",
+         "gossip_addr": "b:1", "version": "1", "load": 0.0, "self": False},
+        {"name": "a", "state": "alive", "incarnation": 0, "role": "slave", "pair": "b", "http_url": "http://a",
+         "gossip_addr": "a:1", "version": "1", "load": 3.0, "self": True},
+    ]
+    lines = nodes_table(rows).splitlines()
+    assert lines[0].split() == ["name", "state", "incarnation", "role", "pair", "http_url", "gossip_addr",
+                                "version", "load"]
+    assert lines[1].split() == ["b", "dead", "2", "master", "-", "http://b", "b:1", "1", "0.0"]
+    assert lines[2].split() == ["a", "*", "alive", "0", "slave", "b", "http://a", "a:1", "1", "3.0"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
 from pathlib import Path
 
 import pytest
@@ -10,10 +12,12 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kapok.cluster.config import SwimConfig
 from kapok.config import (
     ClusterConfig,
     Config,
     FrozenMap,
+    GossipTuning,
     MqConfig,
     ServerConfig,
     TopicConfig,
@@ -93,8 +97,9 @@ EXPECTED_DEFAULTS = {
     "cluster.bind": "127.0.0.1:8021",
     "cluster.advertise": "",
     "cluster.seeds": [],
-    "cluster.secret": "",
+    "cluster.secret": [],
     "cluster.profile": "lan",
+    **{f"cluster.tuning.{f.name}": None for f in dataclasses.fields(GossipTuning)},
     "replication.role": "master",
     "replication.master": "",
     "replication.mode": "async",
@@ -105,14 +110,10 @@ EXPECTED_DEFAULTS = {
 
 def test_defaults_are_the_documented_ones() -> None:
     tree = Config.default().to_dict()
-    actual = {}
-    for path in leaf_paths(tree):
-        section, key = path.split(".")
-        actual[path] = tree[section][key]
+    actual = {path: functools.reduce(operator.getitem, path.split("."), tree) for path in leaf_paths(tree)}
     assert actual == EXPECTED_DEFAULTS
     for path, value in EXPECTED_DEFAULTS.items():  # types too: 60.0 is a float, 1 an int
-        section, key = path.split(".")
-        assert type(tree[section][key]) is type(value), path
+        assert type(actual[path]) is type(value), path
 
 
 def test_no_file_no_overrides_gives_defaults() -> None:
@@ -422,6 +423,12 @@ def test_empty_topic_override_is_allowed() -> None:
         ("cluster.seeds=[a:1, 2]", "cluster.seeds: expected a list of strings, got a list"),
         ("cluster.seeds={a: 1}", "cluster.seeds: expected a list of strings, got a dict"),
         ("cluster.profile=wan", "cluster.profile: expected one of 'lan', 'fast', got 'wan'"),
+        ("cluster.secret=[a, '']", "cluster.secret: a key must not be empty"),
+        ("cluster.secret={a: 1}", "cluster.secret: expected a list of strings"),
+        ("cluster.tuning.probe_interval_s=0", "cluster.tuning.probe_interval_s: expected a number > 0"),
+        ("cluster.tuning.gossip_nodes=0", "cluster.tuning.gossip_nodes: expected an integer >= 1"),
+        ("cluster.tuning.probe_timeout_s=5", "cluster.tuning: probe_timeout_s must not exceed"),
+        ("cluster.tuning.probe_intervall_s=1", "cluster.tuning.probe_intervall_s: unknown key; did you mean"),
         ("replication.role=primary", "replication.role: expected one of 'master', 'slave'"),
         ("replication.mode=semi", "replication.mode: expected one of 'async', 'sync'"),
         ("replication.failover_timeout_s=0", "replication.failover_timeout_s: expected a number > 0"),
@@ -488,7 +495,7 @@ def test_exposed_gossip_needs_a_cluster_secret() -> None:
     message = error_of("cluster.enabled=true", "cluster.bind=0.0.0.0:8021")
     assert message.startswith("cluster.secret: refusing to start")
     assert load("cluster.enabled=true", "cluster.bind=0.0.0.0:8021", "cluster.secret=k").cluster.enabled
-    assert load("cluster.enabled=true").cluster.secret == ""  # loopback gossip: fine
+    assert load("cluster.enabled=true").cluster.secret == ()  # loopback gossip: fine
 
 
 def test_is_loopback() -> None:
@@ -550,3 +557,18 @@ def test_docs_list_every_key_and_every_kapokmq_key() -> None:
     assert {f"`{key}`" for key in KAPOKMQ_KEYS} <= readme_rows
     for name in dataclasses.fields(TopicOverride):
         assert f"`{name.name}`" in docs
+
+
+def test_cluster_secret_is_a_key_ring_and_tuning_overrides_the_profile() -> None:
+    assert load("cluster.secret=new,old").cluster.secret == ("new", "old")
+    assert load("cluster.secret=only").cluster.secret == ("only",)
+    cluster = load("cluster.profile=fast", "cluster.tuning.probe_interval_s=0.3").cluster
+    swim = cluster.swim()
+    assert swim.probe_interval_s == 0.3
+    assert swim.probe_timeout_s == SwimConfig.profile("fast").probe_timeout_s
+    assert Config.default().cluster.swim() == SwimConfig.profile("lan")
+
+
+def test_every_tuning_key_is_a_protocol_timing() -> None:
+    names = {f.name for f in dataclasses.fields(SwimConfig)}
+    assert {f.name for f in dataclasses.fields(GossipTuning)} <= names

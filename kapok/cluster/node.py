@@ -1,0 +1,280 @@
+"""The asyncio driver of the SWIM core: a UDP socket, a TCP listener, one timer.
+
+``GossipNode`` owns the sockets and makes no protocol decisions: bytes that arrive go to
+``Swim.handle_packet`` (UDP) or ``Swim.handle_stream`` (TCP), ``Swim.tick`` runs when
+``Swim.next_deadline()`` passes, and the effects that come back are carried out —
+``Send`` as one datagram, ``SendStream`` as one short TCP connection carrying one
+length-prefixed blob, ``MemberChanged`` as a log line and a call to each listener.
+
+UDP and TCP share one port number (as in memberlist): with ``cluster.bind`` port 0 the
+datagram socket picks a free port and the listener takes the same number (retried a few
+times if that TCP port is taken). The protocol clock is the event loop's monotonic time.
+
+Bad input never reaches further than a counter: the codec drops unauthenticated or
+malformed packets (``Swim.stats["drop_<reason>"]``), and a stream that is too long, too
+slow or cut off is closed and counted here (``stats``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import struct
+from collections import Counter
+from collections.abc import Callable
+
+from kapok.cluster.codec import KeyRing
+from kapok.cluster.messages import Effect, MemberChanged, NodeMeta, NodeState, Send, SendStream, State
+from kapok.cluster.swim import Swim
+from kapok.config import ClusterConfig
+
+__all__ = ["GossipNode", "format_addr", "split_addr"]
+
+log = logging.getLogger("kapok.cluster")
+
+_LENGTH = struct.Struct(">I")
+_MAX_STREAMS = 32  # concurrent outgoing (and, separately, incoming) state exchanges
+_BIND_ATTEMPTS = 20  # port 0: tries to find a number free for both UDP and TCP
+_ADDR_CACHE_MAX = 4096
+
+Listener = Callable[[MemberChanged], None]
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    """``"host:port"`` or ``"[v6]:port"`` -> ``(host, port)``; ValueError when malformed."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"expected host:port, got {addr!r}")
+    return host.strip("[]"), int(port)
+
+
+def format_addr(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class _Datagrams(asyncio.DatagramProtocol):
+    def __init__(self, node: GossipNode) -> None:
+        self.node = node
+
+    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
+        self.node._on_datagram(data, format_addr(str(addr[0]), int(addr[1])))
+
+    def error_received(self, exc: Exception) -> None:
+        # ICMP port unreachable and the like: the peer is gone, which probing finds out.
+        self.node.stats["udp_errors"] += 1
+
+
+class GossipNode:
+    """One node's membership: start it, read ``members()``, close it (a graceful leave)."""
+
+    def __init__(self, config: ClusterConfig, meta: NodeMeta, *, rng: random.Random | None = None) -> None:
+        self.config = config
+        self.swim_config = config.swim()
+        self.meta = meta
+        self.keyring = KeyRing(key.encode() for key in config.secret)
+        self.rng = rng or random.Random()
+        self.stats: Counter[str] = Counter()  # the driver's own counters; the protocol's are swim.stats
+        self.addr = ""  # advertised host:port, known after start()
+        self.swim: Swim | None = None
+        self._listeners: list[Listener] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._udp: asyncio.DatagramTransport | None = None
+        self._tcp: asyncio.Server | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+        self._streams_out: set[asyncio.Task[None]] = set()
+        self._streams_in = 0
+        self._resolved: dict[str, tuple[str, int]] = {}
+        self._left = asyncio.Event()  # set once a leave notice has been spread enough
+        # Long enough for a loaded peer, short enough that a dead one does not pile up tasks.
+        self._stream_timeout_s = max(1.0, 10 * self.swim_config.probe_timeout_s)
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        host, port = split_addr(self.config.bind)
+        for attempt in range(_BIND_ATTEMPTS):
+            udp, _ = await loop.create_datagram_endpoint(lambda: _Datagrams(self), local_addr=(host, port))
+            bound = int(udp.get_extra_info("sockname")[1])
+            try:
+                self._tcp = await asyncio.start_server(self._on_stream, host, bound, backlog=64)
+            except OSError:
+                udp.close()
+                if port != 0 or attempt == _BIND_ATTEMPTS - 1:
+                    raise
+                continue
+            self._udp = udp
+            break
+        self.addr = self.config.advertise or format_addr(host, bound)
+        self.swim = Swim(
+            self.meta.name, self.addr, self.meta, self.swim_config, self.rng, keyring=self.keyring
+        )
+        seeds = ", ".join(self.config.seeds) or "nobody (first node)"
+        log.info("gossip on %s (profile %s), joining %s", self.addr, self.config.profile, seeds)
+        self._run(self.swim.join(self.config.seeds, loop.time()))
+
+    async def aclose(self) -> None:
+        """Leave gracefully (spread the notice for a bounded time), then close the sockets."""
+        swim, loop = self.swim, self._loop
+        if swim is not None and loop is not None and self._udp is not None:
+            self._run(swim.leave(loop.time()))
+            with contextlib.suppress(TimeoutError):  # bounded: a leave is best effort
+                await asyncio.wait_for(self._left.wait(), 20 * self.swim_config.gossip_interval_s)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for task in list(self._streams_out):
+            task.cancel()
+        if self._streams_out:
+            await asyncio.gather(*self._streams_out, return_exceptions=True)
+        if self._udp is not None:
+            self._udp.close()
+            self._udp = None
+        if self._tcp is not None:
+            self._tcp.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._tcp.wait_closed(), 1.0)
+            self._tcp = None
+
+    # ------------------------------------------------------------ public view
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call ``listener`` for every membership change (on the event loop; keep it quick)."""
+        self._listeners.append(listener)
+
+    def members(self) -> list[NodeState]:
+        """Every member this node knows, itself included, sorted by name."""
+        if self.swim is None:
+            return []
+        return sorted(self.swim.members(), key=lambda m: m.name)
+
+    def set_meta(self, meta: NodeMeta) -> None:
+        """Publish new metadata (gossiped with a new incarnation)."""
+        self.meta = meta
+        if self.swim is not None and self._loop is not None:
+            self._run(self.swim.set_meta(meta, self._loop.time()))
+
+    # ------------------------------------------------------------ inbound
+
+    def _on_datagram(self, data: bytes, from_addr: str) -> None:
+        if self.swim is not None and self._loop is not None:
+            self._run(self.swim.handle_packet(data, from_addr, self._loop.time()))
+
+    async def _on_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._streams_in >= _MAX_STREAMS:
+            self.stats["streams_refused"] += 1
+            writer.close()
+            return
+        self._streams_in += 1
+        try:
+            async with asyncio.timeout(self._stream_timeout_s):
+                (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+                if length > self.swim_config.max_stream_bytes:
+                    self.stats["streams_too_large"] += 1
+                    return
+                data = await reader.readexactly(length)
+            self.stats["streams_in"] += 1
+            if self.swim is not None and self._loop is not None:
+                self._run(self.swim.handle_stream(data, self._loop.time()))
+        except (TimeoutError, asyncio.IncompleteReadError, OSError):
+            self.stats["stream_errors_in"] += 1
+        finally:
+            self._streams_in -= 1
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = float("inf")
+        if self.swim is not None and self._loop is not None:
+            self._run(self.swim.tick(self._loop.time()))
+
+    # ------------------------------------------------------------ effects
+
+    def _run(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, Send):
+                self._send(effect)
+            elif isinstance(effect, SendStream):
+                self._start_stream(effect)
+            else:
+                self._changed(effect)
+        if self.swim is not None and self.swim.leave_done:
+            self._left.set()
+        self._schedule()
+
+    def _schedule(self) -> None:
+        loop, swim = self._loop, self.swim
+        if loop is None or swim is None or self._udp is None:
+            return
+        at = swim.next_deadline()
+        if at == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = at
+        if at != float("inf"):
+            self._timer = loop.call_at(max(at, loop.time()), self._on_timer)
+
+    def _resolve(self, addr: str) -> tuple[str, int] | None:
+        target = self._resolved.get(addr)
+        if target is None:
+            try:
+                target = split_addr(addr)
+            except ValueError:
+                self.stats["bad_addresses"] += 1
+                return None
+            if len(self._resolved) >= _ADDR_CACHE_MAX:
+                self._resolved.clear()
+            self._resolved[addr] = target
+        return target
+
+    def _send(self, effect: Send) -> None:
+        target = self._resolve(effect.addr)
+        if target is None or self._udp is None:
+            return
+        try:
+            self._udp.sendto(effect.data, target)
+        except OSError:
+            self.stats["udp_errors"] += 1
+
+    def _start_stream(self, effect: SendStream) -> None:
+        if len(self._streams_out) >= _MAX_STREAMS or self._udp is None:
+            self.stats["streams_dropped"] += 1
+            return
+        task = asyncio.get_running_loop().create_task(self._stream(effect))
+        self._streams_out.add(task)
+        task.add_done_callback(self._streams_out.discard)
+
+    async def _stream(self, effect: SendStream) -> None:
+        target = self._resolve(effect.addr)
+        if target is None:
+            return
+        try:
+            async with asyncio.timeout(self._stream_timeout_s):
+                _, writer = await asyncio.open_connection(*target)
+                try:
+                    writer.write(_LENGTH.pack(len(effect.data)) + effect.data)
+                    await writer.drain()
+                finally:
+                    writer.close()
+                    with contextlib.suppress(OSError):
+                        await writer.wait_closed()
+        except (TimeoutError, OSError):
+            self.stats["stream_errors_out"] += 1
+
+    def _changed(self, change: MemberChanged) -> None:
+        if change.name != self.meta.name and change.state is not change.previous:
+            level = logging.WARNING if change.state in (State.SUSPECT, State.DEAD) else logging.INFO
+            log.log(level, "member %s (%s) is %s (incarnation %d)", change.name, change.addr,
+                    change.state.value, change.incarnation)
+        for listener in self._listeners:
+            try:
+                listener(change)
+            except Exception:
+                log.exception("membership listener failed")

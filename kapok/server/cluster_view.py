@@ -1,0 +1,169 @@
+"""The node's view of the cluster: ``/cluster/nodes``, the KapokMQ node lists, gossip metrics.
+
+With ``cluster.enabled`` the rows come from the gossip view (``app[GOSSIP]``); without
+it the cluster is this node alone, in the same shapes, so clients need no special case.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kapok import __version__
+from kapok.cluster.messages import NodeMeta, NodeState, State
+from kapok.cluster.node import GossipNode, split_addr
+from kapok.server.keys import GOSSIP, REGISTRY, SERVICE
+from kapok.server.responses import json_response
+from kapok.server.service import BrokerService
+
+__all__ = ["compat_nodes", "gossip_ctx", "member_rows", "routes"]
+
+routes = web.RouteTableDef()
+
+_LIVE = (State.ALIVE, State.SUSPECT)  # members that take traffic (a suspect may still refute)
+
+
+def node_meta(service: BrokerService) -> NodeMeta:
+    """What this node tells the cluster about itself."""
+    cfg = service.config
+    return NodeMeta(
+        name=service.node_name,
+        http_url=_reachable_http_url(service),
+        role=cfg.replication.role,
+        pair=None,
+        version=__version__,
+        load=float(len(service.clients)),
+    )
+
+
+def _reachable_http_url(service: BrokerService) -> str:
+    """A wildcard ``server.host`` (0.0.0.0, ::) is not an address others can use: take the
+    gossip address's host instead, which others reach us at by definition."""
+    host = service.http_host
+    if host in ("0.0.0.0", "::", ""):
+        cluster = service.config.cluster
+        host = split_addr(cluster.advertise or cluster.bind)[0]
+        return f"http://{f'[{host}]' if ':' in host else host}:{service.http_port}"
+    return service.http_url
+
+
+def _self_row(service: BrokerService) -> NodeState:
+    return NodeState(service.node_name, "", 0, State.ALIVE, node_meta(service))
+
+
+def member_rows(app: web.Application) -> list[dict[str, Any]]:
+    """``GET /cluster/nodes``: every member this node knows, itself included."""
+    service = app[SERVICE]
+    gossip = app.get(GOSSIP)
+    states = gossip.members() if gossip is not None else [_self_row(service)]
+    return [
+        {
+            "name": m.name,
+            "http_url": m.meta.http_url,
+            "gossip_addr": m.addr or None,
+            "state": m.state.value,
+            "incarnation": m.incarnation,
+            "role": m.meta.role,
+            "pair": m.meta.pair,
+            "epoch": 0,  # replication's fencing epoch; 0 until a failover happens
+            "version": m.meta.version,
+            "load": m.meta.load,
+            "self": m.name == service.node_name,
+        }
+        for m in states
+    ]
+
+
+def compat_nodes(app: web.Application, *, masters_only: bool) -> list[dict[str, str]]:
+    """Live members in Serena's registry format, ``{"Name": "mq:host:port", "Addr", "Port"}``
+    with the *HTTP* address, which is what the KapokMQ cluster producer connects to."""
+    service = app[SERVICE]
+    gossip = app.get(GOSSIP)
+    states = gossip.members() if gossip is not None else [_self_row(service)]
+    out = []
+    for m in states:
+        if m.state not in _LIVE or (masters_only and m.meta.role != "master"):
+            continue
+        url = urlsplit(m.meta.http_url)
+        if url.hostname is None or url.port is None:
+            continue
+        host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
+        out.append({"Name": f"mq:{host}:{url.port}", "Addr": url.hostname, "Port": str(url.port)})
+    return out
+
+
+@routes.get("/cluster/nodes")
+async def cluster_nodes(request: web.Request) -> web.Response:
+    return json_response(member_rows(request.app))
+
+
+class _GossipCollector(Collector):
+    def __init__(self, node: GossipNode) -> None:
+        self.node = node
+
+    def collect(self) -> Iterator[Metric]:
+        node, swim = self.node, self.node.swim
+        members = GaugeMetricFamily("kapok_cluster_members", "Members by state, this node included",
+                                    labels=["state"])
+        states = [m.state for m in node.members()]
+        for state in State:
+            members.add_metric([state.value], states.count(state))
+        yield members
+        if swim is None:
+            return
+        health = GaugeMetricFamily("kapok_gossip_health_score", "Lifeguard local health (0 is healthy)")
+        health.add_metric([], swim.awareness)
+        yield health
+        incarnation = GaugeMetricFamily("kapok_gossip_incarnation", "This node's incarnation number")
+        incarnation.add_metric([], swim.incarnation)
+        yield incarnation
+        dropped = CounterMetricFamily("kapok_gossip_dropped_packets", "Gossip input dropped, by reason",
+                                      labels=["reason"])
+        events = CounterMetricFamily("kapok_gossip_events", "Gossip protocol and transport events",
+                                     labels=["event"])
+        for name, n in sorted((swim.stats + node.stats).items()):
+            if name.startswith("drop_"):
+                dropped.add_metric([name.removeprefix("drop_")], n)
+            else:
+                events.add_metric([name], n)
+        yield dropped
+        yield events
+
+
+async def gossip_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Join at start-up (after recovery, so a node is ready before others see it) and leave
+    gracefully at shutdown (before the broker closes, so others see ``left``, not ``dead``)."""
+    node = app.get(GOSSIP)
+    if node is None:
+        yield
+        return
+    service = app[SERVICE]
+    node.meta = node_meta(service)  # the runner knows the real HTTP port by now
+    await node.start()
+    app[REGISTRY].register(_GossipCollector(node))
+    print(f"kapok: node {service.node_name} gossip on {node.addr}", flush=True)
+    refresh = asyncio.get_running_loop().create_task(_refresh_meta(node, service))
+    try:
+        yield
+    finally:
+        refresh.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await refresh
+        await node.aclose()
+
+
+async def _refresh_meta(node: GossipNode, service: BrokerService) -> None:
+    """Re-publish the metadata when it changed (the load figure), at most once per
+    push-pull period: each change costs a new incarnation gossiped to every member."""
+    while True:
+        await asyncio.sleep(node.swim_config.push_pull_interval_s)
+        meta = node_meta(service)
+        if meta != node.meta:
+            node.set_meta(meta)

@@ -1,0 +1,170 @@
+"""The gossip driver over real UDP and TCP on 127.0.0.1, several nodes in one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import struct
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from kapok.cluster.messages import MemberChanged, NodeMeta, State
+from kapok.cluster.node import GossipNode, split_addr
+from kapok.config import ClusterConfig, load_config
+from kapok.server.app import make_app
+from kapok.server.keys import GOSSIP
+from kapok.testing.cluster import cluster_sets
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def make_node(name: str, seeds: tuple[str, ...] = (), secret: tuple[str, ...] = ("k1",)) -> GossipNode:
+    config = ClusterConfig(enabled=True, bind="127.0.0.1:0", seeds=seeds, secret=secret, profile="fast")
+    meta = NodeMeta(name, http_url=f"http://127.0.0.1/{name}", version="test")
+    return GossipNode(config, meta, rng=random.Random(name))
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+def states(node: GossipNode) -> dict[str, State]:
+    return {m.name: m.state for m in node.members()}
+
+
+@pytest.fixture
+async def nodes() -> AsyncIterator[list[GossipNode]]:
+    started: list[GossipNode] = []
+    yield started
+    for node in started:
+        await node.aclose()
+
+
+async def start(nodes: list[GossipNode], node: GossipNode) -> GossipNode:
+    await node.start()
+    nodes.append(node)
+    return node
+
+
+async def test_nodes_join_through_a_seed_and_see_a_leave(nodes: list[GossipNode]) -> None:
+    a = await start(nodes, make_node("a"))
+    changes: list[MemberChanged] = []
+    a.add_listener(changes.append)
+    b = await start(nodes, make_node("b", seeds=(a.addr,)))
+    c = await start(nodes, make_node("c", seeds=(b.addr,)))
+    everyone = {"a": State.ALIVE, "b": State.ALIVE, "c": State.ALIVE}
+    await until(lambda: all(states(n) == everyone for n in (a, b, c)))
+    assert a.members()[2].meta == c.meta and a.members()[2].addr == c.addr
+
+    nodes.remove(c)
+    await c.aclose()
+    await until(lambda: states(a)["c"] is State.LEFT and states(b)["c"] is State.LEFT)
+    assert [(ch.name, ch.state) for ch in changes if ch.name == "c"][-1] == ("c", State.LEFT)
+    assert a.swim is not None and a.swim.stats["streams_out"] + a.swim.stats["push_pulls_in"] > 0
+
+
+async def test_metadata_updates_spread(nodes: list[GossipNode]) -> None:
+    a = await start(nodes, make_node("a"))
+    b = await start(nodes, make_node("b", seeds=(a.addr,)))
+    await until(lambda: len(states(a)) == 2)
+    b.set_meta(NodeMeta("b", http_url="http://127.0.0.1/b", role="slave", pair="a", load=3.0))
+    await until(lambda: {m.name: m.meta.role for m in a.members()}["b"] == "slave")
+    row = {m.name: m for m in a.members()}["b"]
+    assert row.meta.pair == "a" and row.meta.load == 3.0 and row.incarnation >= 1
+
+
+async def test_a_wrong_key_is_dropped_and_counted(nodes: list[GossipNode]) -> None:
+    a = await start(nodes, make_node("a", secret=("k1",)))
+    stranger = await start(nodes, make_node("x", seeds=(a.addr,), secret=("other",)))
+    assert a.swim is not None
+    swim = a.swim
+    await until(lambda: sum(n for k, n in swim.stats.items() if k.startswith("drop_")) >= 2)
+    assert set(states(a)) == {"a"} and set(states(stranger)) == {"x"}
+
+
+async def test_garbage_datagrams_and_streams_are_counted_and_the_node_keeps_working(
+    nodes: list[GossipNode],
+) -> None:
+    a = await start(nodes, make_node("a"))
+    host, port = split_addr(a.addr)
+    loop = asyncio.get_running_loop()
+    udp, _ = await loop.create_datagram_endpoint(asyncio.DatagramProtocol, remote_addr=(host, port))
+    for junk in (b"\x00", b"x" * 2000, bytes(range(256)) * 5):
+        udp.sendto(junk)
+    udp.close()
+    streams = [
+        b"\x00\x00",  # cut inside the length
+        struct.pack(">I", 100) + b"short",  # cut inside the body
+        struct.pack(">I", 2**31),  # over the stream limit
+        struct.pack(">I", 5) + b"junk!",  # complete, but not a signed blob
+    ]
+    for blob in streams:
+        _, writer = await asyncio.open_connection(host, port)
+        writer.write(blob)
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+    assert a.swim is not None
+    swim = a.swim
+    await until(
+        lambda: sum(n for k, n in swim.stats.items() if k.startswith("drop_")) >= 4  # 3 datagrams, 1 stream
+        and a.stats["stream_errors_in"] >= 2
+        and a.stats["streams_too_large"] == 1,
+        what=f"drops and stream errors counted: {swim.stats} {a.stats}",
+    )
+    b = await start(nodes, make_node("b", seeds=(a.addr,)))
+    await until(lambda: states(a) == {"a": State.ALIVE, "b": State.ALIVE} == states(b))
+
+
+async def test_unreachable_seed_and_peers_cost_only_counters(nodes: list[GossipNode]) -> None:
+    a = await start(nodes, make_node("a", seeds=("127.0.0.1:9",)))  # nothing listens on port 9
+    await until(lambda: a.stats["stream_errors_out"] >= 1)
+    assert set(states(a)) == {"a"}
+
+
+async def test_nodes_serve_the_gossip_view_and_the_kapokmq_node_lists(
+    aiohttp_server: Callable[..., Awaitable[TestServer]],
+    unused_tcp_port_factory: Callable[[], int],
+    tmp_path: Path,
+) -> None:
+    async def node(name: str, *sets: str) -> tuple[int, web.Application]:
+        port = unused_tcp_port_factory()
+        sets = (f"storage.dir={tmp_path / name}", f"server.port={port}", *cluster_sets("fast"), *sets)
+        config = load_config(None, overrides=sets, env={})
+        app = make_app(config)
+        await aiohttp_server(app, host="127.0.0.1", port=port)
+        return port, app
+
+    port_a, app_a = await node("a")
+    seed = app_a[GOSSIP].addr
+    port_b, app_b = await node("b", f"cluster.seeds=[{seed}]", "replication.role=slave",
+                               "replication.master=http://127.0.0.1:1")
+    await until(lambda: len(app_a[GOSSIP].members()) == 2 == len(app_b[GOSSIP].members()))
+
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://127.0.0.1:{port_a}/cluster/nodes") as resp:
+            rows = {row["name"]: row for row in await resp.json()}
+        b = rows[f"127.0.0.1:{port_b}"]
+        assert b["http_url"] == f"http://127.0.0.1:{port_b}" and b["role"] == "slave"
+        assert b["state"] == "alive" and b["gossip_addr"] == app_b[GOSSIP].addr and b["self"] is False
+        assert rows[f"127.0.0.1:{port_a}"]["self"] is True
+        headers = {"secretKey": "test"}
+        async with http.post(f"http://127.0.0.1:{port_b}/Registry/GetNodes", headers=headers) as resp:
+            assert await resp.json(content_type=None) == [
+                {"Name": f"mq:127.0.0.1:{port_a}", "Addr": "127.0.0.1", "Port": str(port_a)}
+            ]  # masters only: the producer must not send to a standing-by slave
+        async with http.post(f"http://127.0.0.1:{port_b}/Console/GetNodes", headers=headers) as resp:
+            assert {n["Port"] for n in await resp.json(content_type=None)} == {str(port_a), str(port_b)}
+        async with http.get(f"http://127.0.0.1:{port_a}/metrics") as resp:
+            text = await resp.text()
+        assert 'kapok_cluster_members{state="alive"} 2.0' in text
+        assert "kapok_gossip_events_total" in text
