@@ -1,6 +1,7 @@
 """The R-scenarios of reference/swim-anchors.md on real ``kapok serve`` processes.
 
     python -m kapok.cluster.realrun --nodes 8 --runs 20 [--profile fast]
+    python -m kapok.cluster.realrun --scenario r4|r5 --seconds 120
 
 On one loopback cluster of ``--nodes`` processes, ``--runs`` times each:
 
@@ -9,6 +10,10 @@ On one loopback cluster of ``--nodes`` processes, ``--runs`` times each:
   node is then restarted on its old ports and must be alive everywhere again.
 * R2 a fresh node joins through one random member: seconds until all views hold it alive.
 * R3 a graceful stop (SIGTERM): seconds until every other node logged it ``left``.
+
+``--scenario r4``: every node drops 10% of its datagrams each way; ``r5``: one node blocks
+its event loop 2 s every 10 s (both through ``kapok.testing.faulty``): false deaths and
+suspicions over ``--seconds``, and the stalled node's health score.
 
 Times come from the nodes' own log lines (millisecond timestamps), not from polling, so
 they do not depend on how fast this script can ask. A benchmark, not a test: nothing is
@@ -23,6 +28,7 @@ import re
 import statistics
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -141,15 +147,78 @@ def run(nodes_count: int, runs: int, profile: str, base: Path, rng: random.Rando
     return fig
 
 
+def _health(node: NodeProcess) -> float | None:
+    """The node's Lifeguard health score, or None while it does not answer (blocked)."""
+    try:
+        with urllib.request.urlopen(node.url + "/metrics", timeout=0.5) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    match = re.search(r"^kapok_gossip_health_score (\S+)$", text, re.M)
+    return None if match is None else float(match.group(1))
+
+
+def run_faults(nodes_count: int, profile: str, base: Path, *, loss: float, stalled: bool,
+               duration_s: float) -> dict[str, float]:
+    """R4 (every node drops ``loss`` of its datagrams each way) or R5 (node 1 blocks its loop
+    2 s every 10 s for ``duration_s``): false deaths, false suspicions, and for R5 the stalled
+    node's health score."""
+
+    def launcher(i: int) -> tuple[str, ...]:
+        faults: tuple[str, ...] = ()
+        if loss:
+            faults += ("--loss", str(loss), "--seed", str(i))
+        if stalled and i == 1:
+            faults += ("--block-s", "2", "--every-s", "10", "--until-s", str(duration_s))
+        return ("-m", "kapok.testing.faulty", *faults, "--")
+
+    nodes = start_cluster(base, nodes_count, "cluster.secret=bench", profile=profile, launcher=launcher)
+    out: dict[str, float] = {}
+    try:
+        wait_for(lambda: all(_all_see(nodes, _name(m), "alive") for m in nodes), _DEADLINE_S, 0.1)
+        began = time.time()
+        peak = 0.0
+        while time.time() - began < duration_s:
+            score = _health(nodes[1]) if stalled else None
+            peak = max(peak, score or 0.0)
+            time.sleep(0.5)
+        events = [e for n in nodes for e in _events(n, began)]
+        stalled_name = _name(nodes[1]) if stalled else ""
+        out["false_deaths"] = sum(state == "dead" and who != stalled_name for _, who, state in events)
+        out["false_suspicions"] = sum(state == "suspect" for _, _, state in events)
+        out["suspicions_per_node_minute"] = out["false_suspicions"] / nodes_count / (duration_s / 60)
+        if stalled:
+            out["stalled_node_health_peak"] = peak
+            calm = time.time()
+            wait_for(lambda: _health(nodes[1]) == 0.0, 60.0, 0.5)
+            out["health_back_to_0_s"] = time.time() - calm
+            for state in ("suspect", "dead"):
+                out[f"stalled_node_{state}"] = sum(who == stalled_name and s == state for _, who, s in events)
+    finally:
+        stop_all(nodes)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kapok.cluster.realrun",
-                                     description="R1-R3 on real processes")
+                                     description="R1-R5 on real processes")
+    parser.add_argument("--scenario", default="r1-r3", choices=("r1-r3", "r4", "r5"))
     parser.add_argument("--nodes", type=int, default=8)
-    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--runs", type=int, default=20, help="r1-r3: rounds")
+    parser.add_argument("--seconds", type=float, default=120.0, help="r4 / r5: observed time")
     parser.add_argument("--profile", default="fast", choices=("fast", "lan"))
     parser.add_argument("--seed", type=int, default=1, help="random seed of the victim / seed choices")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kapok-realrun-") as tmp:
+        if args.scenario != "r1-r3":
+            loss = 0.1 if args.scenario == "r4" else 0.0
+            figures = run_faults(args.nodes, args.profile, Path(tmp), loss=loss,
+                                 stalled=args.scenario == "r5", duration_s=args.seconds)
+            what = f"{args.nodes} processes, profile {args.profile}, {args.seconds:.0f} s"
+            print(f"\n{args.scenario.upper()}: {what}")
+            for key, value in figures.items():
+                print(f"| {key} | {value:.3g} |")
+            return 0
         fig = run(args.nodes, args.runs, args.profile, Path(tmp), random.Random(args.seed))
     fast = args.profile == "fast"
     print(f"\n{args.nodes} processes, profile {args.profile}, {args.runs} runs")
@@ -161,7 +230,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| R2 join through one member: alive in every view | {_summary(fig.r2)} | {r2_target} |")
     print(f"| R3 graceful leave: left in every view | {_summary(fig.r3)} | ≤ 1 s (fast) |")
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

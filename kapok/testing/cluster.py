@@ -35,15 +35,17 @@ def start_cluster(
     *sets: str,
     profile: str = "fast",
     node_sets: Callable[[int], Sequence[str]] = lambda i: (),
+    launcher: Callable[[int], Sequence[str]] = lambda i: ("-m", "kapok"),
 ) -> list[NodeProcess]:
     """``count`` nodes in ``base/node<i>``; node 0 is every other node's seed."""
-    first = start_node(base / "node0", *cluster_sets(profile), *sets, *node_sets(0))
+    first = start_node(base / "node0", *cluster_sets(profile), *sets, *node_sets(0), launcher=launcher(0))
     nodes = [first]
     try:
         seed = first.gossip_addr
 
         def start(i: int) -> NodeProcess:
-            return start_node(base / f"node{i}", *cluster_sets(profile, [seed]), *sets, *node_sets(i))
+            node_args = (*cluster_sets(profile, [seed]), *sets, *node_sets(i))
+            return start_node(base / f"node{i}", *node_args, launcher=launcher(i))
 
         with ThreadPoolExecutor(max_workers=max(1, count - 1)) as pool:
             futures = [pool.submit(start, i) for i in range(1, count)]

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 __all__ = ["NodeProcess", "start_node"]
@@ -84,10 +85,12 @@ def start_node(
     config_text: str | None = None,
     timeout_s: float = 20.0,
     env: dict[str, str] | None = None,
+    launcher: Sequence[str] = ("-m", "kapok"),
 ) -> NodeProcess:
-    """Start ``python -m kapok serve`` in ``workdir`` on a free port and wait until it listens."""
+    """Start ``python -m kapok serve`` in ``workdir`` on a free port and wait until it listens.
+    ``launcher`` replaces ``-m kapok`` (e.g. with ``kapok.testing.faulty`` and its options)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    args = [sys.executable, "-m", "kapok", "serve", "--set", "server.port=0"]
+    args = [sys.executable, *launcher, "serve", "--set", "server.port=0"]
     if config_text is not None:
         (workdir / "application.yaml").write_text(config_text)
         args += ["-c", str(workdir / "application.yaml")]
