@@ -168,16 +168,22 @@ def draft_from_json(
 
 def message_json(msg: Message, entry: Entry | None = None) -> dict[str, Any]:
     """The native view of a message (pushes, pull replies, console)."""
-    out: dict[str, Any] = {"code": msg.code, "topic": msg.topic}
-    encode_data(msg.data, out)
+    # Built for one push per delivery: the common shape (UTF-8 data, no delay, no
+    # headers) as one literal, with the same key order as the other shapes.
+    try:
+        out: dict[str, Any] = {"code": msg.code, "topic": msg.topic, "data": msg.data.decode()}
+    except UnicodeDecodeError:
+        out = {"code": msg.code, "topic": msg.topic}
+        encode_data(msg.data, out)
     out["key"] = msg.key
     out["priority"] = msg.priority
     out["create_time"] = msg.create_time
     if msg.deliver_at > msg.create_time:
         out["deliver_at"] = msg.deliver_at
     if entry is not None:
-        out["attempts"] = entry.attempts
-        out["redelivered"] = entry.attempts > 1
+        attempts = entry.attempts
+        out["attempts"] = attempts
+        out["redelivered"] = attempts > 1
     if msg.headers:
         out["headers"] = msg.headers
     return out
@@ -200,6 +206,14 @@ def _ci(obj: Mapping[str, Any], name: str) -> Any:
 def compat_draft(raw: str | bytes, topic: str, producer_id: str) -> Draft:
     """A KapokMQ producer frame ``{"MessageData": "...", "DelayTime": 0}`` -> ``Draft``."""
     obj = decode_object(raw, "message")
+    # Fast path: both keys spelled as KapokMQ's own clients send them (an exact key
+    # wins over other spellings, as in ``_ci``), with the right types.
+    data = obj.get("MessageData")
+    delay = obj.get("DelayTime")
+    if type(data) is str and type(delay) is int:
+        if delay == 0:
+            return Draft(topic, data.encode(), producer_id=producer_id)
+        return compat_fields_draft(data, delay, topic, producer_id)
     data = _ci(obj, "MessageData")
     if data is None:
         data = ""
@@ -240,7 +254,20 @@ def compat_message(msg: Message, now: float) -> dict[str, Any]:
 
 
 def compat_push(msg: Message) -> bytes:
-    out = compat_message(msg, msg.create_time)
-    out["Status"] = -1  # a pushed message is pending by definition
-    out["ConsumedTime"] = 0
-    return orjson.dumps(out)
+    """A push frame: ``compat_message`` of a pending message, built directly (one per delivery)."""
+    try:
+        text = msg.data.decode()
+    except UnicodeDecodeError:
+        text = base64.b64encode(msg.data).decode()
+    created = msg.create_time
+    return orjson.dumps(
+        {
+            "MessageCode": msg.code,
+            "MessageData": text,
+            "Topic": msg.topic,
+            "CreateTime": int(created),
+            "ConsumedTime": 0,
+            "DelayTime": round(msg.deliver_at - created),
+            "Status": -1,  # a pushed message is pending by definition
+        }
+    )

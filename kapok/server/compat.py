@@ -10,11 +10,13 @@ messages that waited for them; a disconnect requeues what the consumer held.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import orjson
 from aiohttp import WSMsgType, web
 
+from kapok.core.broker import Draft
 from kapok.core.model import Consumer, Entry
 from kapok.errors import BadRequestError, KapokError
 from kapok.server.auth import KEY_ERROR, compat_handshake, key_matches
@@ -41,6 +43,62 @@ def _client_ip(request: web.Request) -> str:
     return request.remote or ""
 
 
+class _Publisher:
+    """Publishes the frames a producer socket delivered in one event-loop turn as one batch.
+
+    KapokMQ clients send one frame per message, and a frame at a time the broker,
+    the WAL and the reply path would each pay their fixed cost per message. Frames
+    that arrive together are parsed without yielding to the loop, so ``add`` only
+    collects them and a ``call_soon`` publishes them once the reader is about to
+    block. Each frame still gets its own reply, in order: a batch the broker refuses
+    (it refuses whole batches: a limit, a rate) is retried frame by frame, which
+    gives every frame the answer it would have had alone.
+    """
+
+    def __init__(self, service: BrokerService, outbox: Outbox, limit: int) -> None:
+        self.service = service
+        self.outbox = outbox
+        self.limit = limit
+        self.drafts: list[Draft] = []
+        self._scheduled = False
+
+    def add(self, draft: Draft) -> None:
+        self.drafts.append(draft)
+        if len(self.drafts) >= self.limit:
+            self.flush()
+        elif not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def error(self, kind: str, message: str) -> None:
+        """Reply with an error to a frame that was not a message (after the frames before it)."""
+        self.flush()
+        self.service.count_bad_input(kind)
+        self.outbox.send(compat_error(message))
+
+    def flush(self) -> None:
+        self._scheduled = False
+        drafts, self.drafts = self.drafts, []
+        if not drafts:
+            return
+        try:
+            _, durable = self.service.publish(drafts)
+        except KapokError as exc:
+            if len(drafts) == 1:
+                self.service.count_bad_input("compat_producer_frame")
+                self.outbox.send(compat_error(exc.message))
+                return
+            for draft in drafts:
+                self.drafts = [draft]
+                self.flush()
+            return
+        except Exception:  # a bug: answer every frame, keep the socket and the node
+            log.exception("unexpected error publishing KapokMQ frames")
+            self.outbox.send_many([compat_error("internal error; see the node's log")] * len(drafts))
+            return
+        self.outbox.send_many([OK] * len(drafts), after=durable)
+
+
 @routes.get("/Producers/Conn/{topic}/{producer_id}")
 async def producer_ws(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
@@ -51,24 +109,25 @@ async def producer_ws(request: web.Request) -> web.StreamResponse:
             return ws
         info = ClientInfo("producer", producer_id, topic, _client_ip(request), service.now(), "kapokmq")
         client = service.add_client(info)
+        publisher = _Publisher(service, outbox, service.config.server.max_batch)
         try:
             async for msg in ws:
-                await outbox.wait_writable()
+                if outbox.full:
+                    await outbox.wait_writable()
                 if msg.type is not WSMsgType.TEXT:
-                    service.count_bad_input("compat_binary_frame")
-                    outbox.send(
-                        compat_error("frames must be text: a JSON object with MessageData and DelayTime")
+                    publisher.error(
+                        "compat_binary_frame",
+                        "frames must be text: a JSON object with MessageData and DelayTime",
                     )
                     continue
                 try:
                     draft = compat_draft(msg.data, topic, producer_id)
-                    _, durable = service.publish([draft])
                 except KapokError as exc:
-                    service.count_bad_input("compat_producer_frame")
-                    outbox.send(compat_error(exc.message))
+                    publisher.error("compat_producer_frame", exc.message)
                     continue
-                outbox.send(OK, after=durable)
+                publisher.add(draft)
         finally:
+            publisher.flush()
             service.remove_client(client)
     return ws
 
@@ -80,8 +139,7 @@ class _CompatConsumer:
         self.outbox = outbox
 
     def push(self, consumer: Consumer, entries: list[Entry]) -> None:
-        for entry in entries:
-            self.outbox.send(compat_push(entry.msg))
+        self.outbox.send_many([compat_push(entry.msg) for entry in entries])
 
 
 @routes.get("/Consumers/Conn/{topic}/{consumer_id}")
@@ -101,29 +159,56 @@ async def consumer_ws(request: web.Request) -> web.StreamResponse:
             return ws
         info = ClientInfo("consumer", consumer_id, topic, _client_ip(request), service.now(), "kapokmq")
         client = service.add_client(info)
+        acker = _Acker(service, consumer.id, service.config.server.max_batch)
         try:
-            await _read_acks(ws, service, consumer.id)
+            async for msg in ws:
+                if msg.type is WSMsgType.TEXT:
+                    acker.add(msg.data.strip())
+                else:
+                    acker.bad("compat_binary_frame")
         finally:
+            acker.flush()  # what the consumer acked before leaving is not requeued
             service.remove_client(client)
             service.unsubscribe(consumer.id)
     return ws
 
 
-async def _read_acks(ws: web.WebSocketResponse, service: BrokerService, consumer_id: int) -> None:
-    warned = False
-    async for msg in ws:
-        if msg.type is WSMsgType.TEXT:
-            code = msg.data.strip()
-            if not service.ack(consumer_id, [code]):
-                continue
-            kind = "compat_unknown_ack"
-        else:
-            kind = "compat_binary_frame"
-        # KapokMQ clients do not expect replies to acks: count, log once per connection.
-        service.count_bad_input(kind)
-        if not warned:
-            log.warning("consumer %s sent an ack that matches nothing it holds (%s)", consumer_id, kind)
-            warned = True
+class _Acker:
+    """Acks the codes a consumer socket delivered in one event-loop turn with one call.
+
+    As with ``_Publisher``: one broker call, one dispatch and one WAL append for the
+    acks that arrived together instead of one each. KapokMQ clients expect no reply
+    to an ack, so an unknown code is only counted and logged (once per connection).
+    """
+
+    def __init__(self, service: BrokerService, consumer_id: int, limit: int) -> None:
+        self.service = service
+        self.consumer_id = consumer_id
+        self.limit = limit
+        self.codes: list[str] = []
+        self._scheduled = False
+        self._warned = False
+
+    def add(self, code: str) -> None:
+        self.codes.append(code)
+        if len(self.codes) >= self.limit:
+            self.flush()
+        elif not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        codes, self.codes = self.codes, []
+        if codes:
+            for _ in self.service.ack(self.consumer_id, codes):
+                self.bad("compat_unknown_ack")
+
+    def bad(self, kind: str) -> None:
+        self.service.count_bad_input(kind)
+        if not self._warned:
+            log.warning("consumer %s sent an ack that matches nothing it holds (%s)", self.consumer_id, kind)
+            self._warned = True
 
 
 @routes.post("/Producer/Send")

@@ -7,9 +7,18 @@ never has more than ``prefetch`` unacked messages out to it), and replies by
 backpressure (the connection's reader stops reading new requests while more
 than ``max_bytes`` are queued, see ``wait_writable``).
 
-A frame may wait for an awaitable first (a producer ack waits until its
-message is durable) and may run a callback once written (auto-ack consumers
-are acked only after the write: at-most-once, never lost before the write).
+A frame may wait for a future first (a producer ack waits until its message
+is durable) and may run a callback once written (auto-ack consumers are
+acked only after the write: at-most-once, never lost before the write).
+
+Why frames are framed here and not by aiohttp's ``send_frame``: a socket
+write is a system call, and the KapokMQ protocol sends one frame per message
+(an ``ok`` per publish, a push per delivery). So the drain task takes every
+frame that is ready (its future done) and hands them to the transport in one
+write: the bytes on the wire are the same frames, but one syscall carries
+hundreds of them. Flow control stays aiohttp's: after each write the task
+awaits the response's ``drain()``, which blocks only while the transport is
+paused above its high-water mark.
 """
 
 from __future__ import annotations
@@ -17,23 +26,61 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import struct
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, web
+from aiohttp.abc import AbstractStreamWriter
 
-from kapok.errors import KapokError
+from kapok.errors import KapokError, StorageError
 
-__all__ = ["Outbox"]
+__all__ = ["Outbox", "text_frame_header", "text_frames"]
 
 log = logging.getLogger("kapok.server")
 
-_Item = tuple[bytes, Awaitable[None] | None, Callable[[], None] | None]
+# A queue item: one or more frames, already framed, what they wait for, what runs once written.
+_Item = tuple[bytes, "asyncio.Future[None] | None", Callable[[], None] | None]
+
+# RFC 6455 §5.2, server to client (never masked): FIN + opcode 1 (text), then the length.
+_FIN_TEXT = 0x81
+_SHORT_HEADERS = [bytes((_FIN_TEXT, n)) for n in range(126)]
+_LEN16 = struct.Struct("!BBH").pack
+_LEN64 = struct.Struct("!BBQ").pack
+# One write carries at most about this many bytes, so a long queue is sent in
+# slices, with flow control between them.
+_WRITE_MAX = 256 * 1024
+
+
+def text_frame_header(length: int) -> bytes:
+    if length < 126:
+        return _SHORT_HEADERS[length]
+    if length < 65536:
+        return _LEN16(_FIN_TEXT, 126, length)
+    return _LEN64(_FIN_TEXT, 127, length)
+
+
+def text_frames(payloads: list[bytes]) -> bytes:
+    """The wire bytes of one text frame per payload, back to back."""
+    parts: list[bytes] = []
+    add = parts.append
+    for payload in payloads:
+        add(text_frame_header(len(payload)))
+        add(payload)
+    return b"".join(parts)
 
 
 class Outbox:
-    def __init__(self, ws: web.WebSocketResponse, max_bytes: int) -> None:
+    def __init__(
+        self,
+        ws: web.WebSocketResponse,
+        transport: asyncio.Transport,
+        writer: AbstractStreamWriter,
+        max_bytes: int,
+    ) -> None:
         self._ws = ws
+        self._transport = transport
+        self._writer = writer  # the response's stream writer: its drain() is aiohttp's flow control
         self._max_bytes = max_bytes
         self._queue: deque[_Item] = deque()
         self._bytes = 0
@@ -49,14 +96,31 @@ class Outbox:
         self,
         frame: bytes,
         *,
-        after: Awaitable[None] | None = None,
+        after: asyncio.Future[None] | None = None,
         on_sent: Callable[[], None] | None = None,
+    ) -> None:
+        """Queue one text frame with ``frame`` as its payload."""
+        self._enqueue(text_frame_header(len(frame)) + frame, after, on_sent)
+
+    def send_many(self, frames: list[bytes], *, after: asyncio.Future[None] | None = None) -> None:
+        """Queue one text frame per payload (one queue item for all of them)."""
+        if frames:
+            self._enqueue(text_frames(frames), after, None)
+
+    def _enqueue(
+        self, data: bytes, after: asyncio.Future[None] | None, on_sent: Callable[[], None] | None
     ) -> None:
         if self.closed:
             return
-        self._queue.append((frame, after, on_sent))
-        self._bytes += len(frame)
-        self._wakeup.set()
+        self._queue.append((data, after, on_sent))
+        self._bytes += len(data)
+        if not self._wakeup.is_set():
+            self._wakeup.set()
+
+    @property
+    def full(self) -> bool:
+        """More than ``max_bytes`` are queued: readers should ``wait_writable()`` before reading on."""
+        return self._bytes > self._max_bytes
 
     async def wait_writable(self) -> None:
         """Return once less than ``max_bytes`` are queued (readers call this before reading)."""
@@ -65,25 +129,16 @@ class Outbox:
             await self._drained.wait()
 
     async def _run(self) -> None:
-        ws = self._ws
         queue = self._queue
         try:
             while not self.closed:
                 while queue:
-                    frame, after, on_sent = queue.popleft()
-                    if after is not None:
-                        try:
-                            await after
-                        except KapokError as exc:  # storage failed: never confirm, hang up
-                            log.error("closing a connection: %s", exc.message)
-                            await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"storage failure")
-                            return
-                    await ws.send_frame(frame, WSMsgType.TEXT)
-                    self._bytes -= len(frame)
-                    if self._bytes <= self._max_bytes // 2:
-                        self._drained.set()
-                    if on_sent is not None:
-                        on_sent()
+                    head = queue[0][1]
+                    if head is not None and not head.done():
+                        with contextlib.suppress(Exception):  # _write_ready reports a failure
+                            await head
+                    if not await self._write_ready():
+                        return
                 self._wakeup.clear()
                 await self._wakeup.wait()
         except (ConnectionError, RuntimeError):
@@ -91,6 +146,47 @@ class Outbox:
         finally:
             self.closed = True
             self._drained.set()
+
+    async def _write_ready(self) -> bool:
+        """Write the items at the head of the queue whose futures are done, in one write.
+
+        Returns False when the connection must end (storage failed, or it is closing).
+        """
+        queue = self._queue
+        parts: list[bytes] = []
+        callbacks: list[Callable[[], None]] = []
+        size = 0
+        failed: BaseException | None = None
+        while queue and size < _WRITE_MAX:
+            data, after, on_sent = queue[0]
+            if after is not None:
+                if not after.done():
+                    break
+                failed = StorageError("cancelled") if after.cancelled() else after.exception()
+                if failed is not None:
+                    break
+            queue.popleft()
+            parts.append(data)
+            size += len(data)
+            if on_sent is not None:
+                callbacks.append(on_sent)
+        if parts:
+            if self._ws.closed or self._transport.is_closing():
+                return False
+            self._transport.write(parts[0] if len(parts) == 1 else b"".join(parts))
+            self._bytes -= size
+            if self._bytes <= self._max_bytes // 2:
+                self._drained.set()
+            for on_sent in callbacks:
+                on_sent()
+            await self._writer.drain()
+        if failed is not None:
+            # Storage failed: this frame's message is not durable, so never confirm it; hang up.
+            message = failed.message if isinstance(failed, KapokError) else str(failed)
+            log.error("closing a connection: %s", message)
+            await self._ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"storage failure")
+            return False
+        return True
 
     async def aclose(self) -> None:
         """Stop writing; frames still queued are dropped (the connection is going away)."""

@@ -16,7 +16,7 @@ import logging
 import math
 import zlib
 from collections import Counter
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -112,7 +112,7 @@ class BrokerService:
 
     # ------------------------------------------------------------ operations
 
-    def publish(self, drafts: Sequence[Draft]) -> tuple[list[str], Awaitable[None] | None]:
+    def publish(self, drafts: Sequence[Draft]) -> tuple[list[str], asyncio.Future[None] | None]:
         """Store a batch; returns the codes and what to await before confirming them."""
         codes = self.broker.publish(drafts, self.now())
         return codes, self._settle()
@@ -186,7 +186,7 @@ class BrokerService:
 
     # ------------------------------------------------------------ outputs
 
-    def _settle(self) -> Awaitable[None] | None:
+    def _settle(self) -> asyncio.Future[None] | None:
         broker = self.broker
         pushes = broker.take_pushes()
         if pushes:

@@ -151,18 +151,21 @@ class NativeConnection:
     def push(self, consumer: Consumer, entries: list[Entry]) -> None:
         if consumer.id not in self.subs:
             self._confirm(consumer)
-        on_sent = None
-        start = 0
+        msgs: list[dict[str, Any]] = []
         size = 0
-        for i, entry in enumerate(entries):
-            size += len(entry.msg.data)
-            if size >= PUSH_FRAME_BYTES or i == len(entries) - 1:
-                chunk = entries[start : i + 1]
-                if consumer.auto_ack:
-                    on_sent = self._auto_acker(consumer.id, [e.msg.code for e in chunk])
-                frame = {"op": "msg", "sub": consumer.id, "msgs": [message_json(e.msg, e) for e in chunk]}
-                self.outbox.send(orjson.dumps(frame), on_sent=on_sent)
-                start, size = i + 1, 0
+        for entry in entries:
+            msg = entry.msg
+            msgs.append(message_json(msg, entry))
+            size += len(msg.data)
+            if size >= PUSH_FRAME_BYTES:
+                self._send_msgs(consumer, msgs)
+                msgs, size = [], 0
+        if msgs:
+            self._send_msgs(consumer, msgs)
+
+    def _send_msgs(self, consumer: Consumer, msgs: list[dict[str, Any]]) -> None:
+        on_sent = self._auto_acker(consumer.id, [m["code"] for m in msgs]) if consumer.auto_ack else None
+        self.outbox.send(orjson.dumps({"op": "msg", "sub": consumer.id, "msgs": msgs}), on_sent=on_sent)
 
     def _auto_acker(self, consumer_id: int, codes: list[str]) -> Callable[[], None]:
         def ack() -> None:
@@ -233,7 +236,8 @@ async def native_ws(request: web.Request) -> web.StreamResponse:
             async for msg in ws:
                 if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
                     conn.handle(msg.data)
-                    await outbox.wait_writable()
+                    if outbox.full:
+                        await outbox.wait_writable()
         finally:
             service.remove_client(client)
             conn.close()

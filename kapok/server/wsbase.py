@@ -31,11 +31,14 @@ async def open_ws(request: web.Request, *, text: bool) -> AsyncIterator[tuple[we
     ws = web.WebSocketResponse(
         heartbeat=cfg.server.heartbeat_s,
         max_msg_size=frame_limit(cfg.mq.max_message_bytes, cfg.server.max_batch),
-        compress=False,
+        compress=False,  # the outbox writes plain text frames itself, never compressed ones
         decode_text=text,
     )
-    await ws.prepare(request)
-    outbox = Outbox(ws, cfg.server.send_queue_max_bytes)
+    writer = await ws.prepare(request)
+    transport = request.transport
+    if transport is None:  # the peer left during the upgrade
+        raise ConnectionResetError("the connection closed during the WebSocket upgrade")
+    outbox = Outbox(ws, transport, writer, cfg.server.send_queue_max_bytes)
     outbox.start()
     connections.add(ws)
     try:

@@ -47,7 +47,15 @@ from kapok.core import changes as ch
 from kapok.core.model import Status
 from kapok.errors import StorageError
 
-__all__ = ["Archive", "ArchiveFile", "Event", "archive_events", "list_archive_files", "read_archive_file"]
+__all__ = [
+    "Archive",
+    "ArchiveFile",
+    "Event",
+    "archive_events",
+    "encode_events",
+    "list_archive_files",
+    "read_archive_file",
+]
 
 log = logging.getLogger("kapok.storage")
 
@@ -74,49 +82,56 @@ def archive_events(changes: Sequence[ch.Change]) -> list[Event]:
     ``t`` is the event's unix time in seconds (a message's creation time for
     ``published``). A final status the archive does not know yet is written
     under its own name rather than dropped, so new statuses stay visible.
+    Every event's first key is ``ev`` (``encode_events`` relies on it).
     """
+    # This runs for every record the node writes (three per consumed message), so it
+    # dispatches on the exact type, most frequent first, and builds dict literals.
     events: list[Event] = []
+    add = events.append
     for c in changes:
-        if isinstance(c, ch.Published):
-            events.append(
-                {
-                    "ev": "published",
-                    "code": c.code,
-                    "topic": c.topic,
-                    "t": c.create_time,
-                    "create_time": c.create_time,
-                    "deliver_at": c.deliver_at,
-                    "size": len(c.data),
-                    "producer": c.producer_id,
-                    "priority": c.priority,
-                    "key": c.key,
-                }
-            )
-        elif isinstance(c, ch.Delivered):
-            events.append(
-                {"ev": "delivered", "code": c.code, "topic": c.topic, "group": c.group, "t": c.at,
-                 "attempt": c.attempts}
-            )  # fmt: skip
-        elif isinstance(c, ch.Requeued):
-            events.append(
-                {"ev": "retried", "code": c.code, "topic": c.topic, "group": c.group, "t": c.at,
-                 "reason": c.reason}
-            )  # fmt: skip
-        elif isinstance(c, ch.Settled):
-            event: Event = {
-                "ev": _SETTLED_EVENTS.get(c.status, c.status),
-                "code": c.code,
-                "topic": c.topic,
-                "group": c.group,
-                "t": c.at,
-            }
-            if c.status == Status.DEAD.value:
-                event["reason"] = c.reason
-            events.append(event)
-        elif isinstance(c, ch.MessageDeleted):
-            events.append({"ev": "deleted", "code": c.code, "t": c.at})
+        if type(c) is ch.Delivered:
+            add({"ev": "delivered", "code": c.code, "topic": c.topic, "group": c.group, "t": c.at,
+                 "attempt": c.attempts})  # fmt: skip
+        elif type(c) is ch.Settled:
+            status = c.status
+            if status == _DEAD:
+                add({"ev": "dead_lettered", "code": c.code, "topic": c.topic, "group": c.group, "t": c.at,
+                     "reason": c.reason})  # fmt: skip
+            else:
+                add({"ev": _SETTLED_EVENTS.get(status, status), "code": c.code, "topic": c.topic,
+                     "group": c.group, "t": c.at})  # fmt: skip
+        elif type(c) is ch.Published:
+            created = c.create_time
+            add({"ev": "published", "code": c.code, "topic": c.topic, "t": created, "create_time": created,
+                 "deliver_at": c.deliver_at, "size": len(c.data), "producer": c.producer_id,
+                 "priority": c.priority, "key": c.key})  # fmt: skip
+        elif type(c) is ch.Requeued:
+            add({"ev": "retried", "code": c.code, "topic": c.topic, "group": c.group, "t": c.at,
+                 "reason": c.reason})  # fmt: skip
+        elif type(c) is ch.MessageDeleted:
+            add({"ev": "deleted", "code": c.code, "t": c.at})
         # GroupCreated, Deduped, Checkpoint: bookkeeping, not part of a message's life.
     return events
+
+
+_DEAD: Final = Status.DEAD.value
+# Between two events of one JSON array, orjson writes exactly this. It cannot occur
+# anywhere else: inside a string every '"' is escaped, and a string that ended in
+# '},{' would be followed by ',', ':', '}' or ']', never by 'ev'.
+_BETWEEN_EVENTS: Final = b'},{"ev":'
+
+
+def encode_events(changes: Sequence[ch.Change]) -> tuple[bytes, int]:
+    """The JSON lines of the events of ``changes`` (each ending in ``\\n``) and how many.
+
+    One ``orjson.dumps`` of the whole list, then the array is cut into lines at
+    the event boundaries: an order of magnitude cheaper than a call per event.
+    """
+    events = archive_events(changes)
+    if not events:
+        return b"", 0
+    array = orjson.dumps(events)
+    return array[1:-1].replace(_BETWEEN_EVENTS, b'}\n{"ev":') + b"\n", len(events)
 
 
 # ---------------------------------------------------------------------------------------
@@ -216,8 +231,8 @@ class Archive:
         ``events_lost``) and the next call starts a new file, so the damage
         stays a cut last line.
         """
-        lines = [orjson.dumps(e, option=orjson.OPT_APPEND_NEWLINE) for e in archive_events(changes)]
-        if not lines:
+        chunk, count = encode_events(changes)
+        if not count:
             return
         with self._lock:
             self._check_open()
@@ -226,7 +241,16 @@ class Archive:
             try:
                 if self._fd is not None and now - self._started >= self._rotate_s:
                     self._rotate(now)
-                for line in lines:
+                if self._fd is not None and self._size + len(chunk) <= self._rotate_bytes:
+                    # The usual case: every line fits the open file, so take them at once.
+                    self._buf += chunk
+                    self._size += len(chunk)
+                    accepted = count
+                    if len(self._buf) >= self._buffer_bytes:
+                        self._flush()
+                    return
+                for line in chunk[:-1].split(b"\n"):
+                    line += b"\n"
                     if self._fd is not None and self._size and self._size + len(line) > self._rotate_bytes:
                         self._rotate(now)
                     if self._fd is None:
@@ -237,7 +261,7 @@ class Archive:
                     if len(self._buf) >= self._buffer_bytes:
                         self._flush()
             except StorageError:
-                self.events_lost += len(lines) - accepted  # _flush counted the buffered ones
+                self.events_lost += count - accepted  # _flush counted the buffered ones
                 raise
             finally:
                 self.events_written += accepted

@@ -23,7 +23,7 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -155,7 +155,7 @@ class DiskStore:
 
     # ------------------------------------------------------------ appending
 
-    def append(self, changes: Sequence[Change]) -> Awaitable[None] | None:
+    def append(self, changes: Sequence[Change]) -> asyncio.Future[None] | None:
         return self.wal.append(changes)
 
     # ------------------------------------------------------------ snapshots

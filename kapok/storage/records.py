@@ -42,6 +42,8 @@ __all__ = [
     "encode_all",
     "encode_batch",
     "encode_end",
+    "encode_payload",
+    "frame",
 ]
 
 HEADER: Final = struct.Struct("<II")
@@ -62,7 +64,8 @@ _CLASSES: Final = {code: cls for cls, code in _TYPES.items()}
 END_TYPE: Final = 255
 
 
-def _frame(payload: bytes) -> bytes:
+def frame(payload: bytes) -> bytes:
+    """The frame of a payload (from ``encode_payload``): length, CRC-32, payload."""
     return HEADER.pack(len(payload), zlib.crc32(payload)) + payload
 
 
@@ -81,6 +84,16 @@ BATCH_TYPE: Final = 9
 
 def encode_batch(records: Iterable[ch.Change]) -> bytes:
     """One frame holding ``records`` in order."""
+    return frame(encode_payload(records))
+
+
+def encode_payload(records: Iterable[ch.Change]) -> bytes:
+    """The payload of a batch frame, without its header.
+
+    The WAL encodes payloads on the event loop and frames them on its writer thread:
+    ``zlib.crc32`` lets go of the GIL on large buffers, and the loop would then wait
+    for it again behind whatever thread took it.
+    """
     rows: list[tuple[Any, ...]] = []
     blobs: list[bytes] = []
     published = ch.Published
@@ -96,7 +109,7 @@ def encode_batch(records: Iterable[ch.Change]) -> bytes:
         else:
             rows.append(_ROWS[type(r)](r))
     meta = orjson.dumps(rows)
-    return _frame(b"".join([bytes((BATCH_TYPE,)), _U32.pack(len(meta)), meta, *blobs]))
+    return b"".join([bytes((BATCH_TYPE,)), _U32.pack(len(meta)), meta, *blobs])
 
 
 def encode(record: ch.Change) -> bytes:
@@ -110,7 +123,7 @@ def encode_all(records: Iterable[ch.Change]) -> bytes:
 
 
 def encode_end() -> bytes:
-    return _frame(bytes((END_TYPE,)))
+    return frame(bytes((END_TYPE,)))
 
 
 def _decode_batch(payload: memoryview) -> list[ch.Change]:

@@ -3,14 +3,16 @@
 The service opens the store once (recovery fills the broker), then hands it
 every batch of change records (``kapok.core.changes``) right after the
 broker produced them, in order. ``append`` returns ``None`` when nothing
-needs waiting for, or an awaitable that completes once the records are as
+needs waiting for, or a future that completes once the records are as
 durable as the configured policy promises; replies that promise durability
-(producer ``ok`` / ``puback`` / HTTP answers) wait for it.
+(producer ``ok`` / ``puback`` / HTTP answers) wait for it. Appends that are
+written together may share one future.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+import asyncio
+from collections.abc import Sequence
 from typing import Protocol
 
 from kapok.core.broker import Broker
@@ -29,7 +31,7 @@ class Store(Protocol):
         """Recover what was stored into ``broker`` and start accepting appends."""
         ...
 
-    def append(self, changes: Sequence[Change]) -> Awaitable[None] | None: ...
+    def append(self, changes: Sequence[Change]) -> asyncio.Future[None] | None: ...
 
     def stats(self) -> dict[str, float]:
         """Counters and gauges for /metrics, by name."""
@@ -46,7 +48,7 @@ class MemoryStore:
     async def open(self, broker: Broker, now: float) -> None:
         return None
 
-    def append(self, changes: Sequence[Change]) -> Awaitable[None] | None:
+    def append(self, changes: Sequence[Change]) -> asyncio.Future[None] | None:
         return None
 
     def stats(self) -> dict[str, float]:

@@ -1,12 +1,15 @@
 """The write-ahead log: numbered segment files of framed change records.
 
-Theory of operation. ``append`` encodes records on the event loop into an
-in-memory batch and returns a future; one flusher task hands every batch
-that accumulated meanwhile to a single writer thread, which writes them and
-(with ``fsync: always``) fsyncs once for all of them: group commit, one
-fsync per loop turn's worth of records or more, never one per message. The
-futures complete only after that, so a producer's ack always follows the
-write that makes its message durable. Policies:
+Theory of operation. ``append`` queues records and returns a future that
+every append until the next hand-off shares; one flusher task encodes all
+the records that accumulated meanwhile into one frame per segment (one JSON
+encoding on the event loop; the CRC on the writer thread) and hands them to a
+single writer thread, which writes them and (with ``fsync: always``) fsyncs
+once for all of them: group commit, one fsync per loop turn's worth of
+records or more, never one per message. The future completes only after
+that, so a producer's ack always follows the write that makes its message
+durable; only then are the records handed to ``on_written`` (the archive),
+on a thread of its own, so that analytics never delay an ack. Policies:
 
 * ``always``: acks wait for write + fsync (survives power loss);
 * ``interval``: acks wait for the write (survives a process crash); a timer
@@ -28,20 +31,22 @@ import itertools
 import logging
 import os
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from kapok.core.changes import Change
 from kapok.errors import StorageError
-from kapok.storage.records import encode_batch
+from kapok.storage.records import encode_payload, frame
 
 __all__ = ["Segment", "WriteAheadLog", "list_segments"]
 
 log = logging.getLogger("kapok.storage")
 
 PREFIX, SUFFIX = "wal-", ".log"
+ARCHIVE_BACKLOG = 8  # batches of records waiting for the archive thread before the flusher waits
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +71,15 @@ def segment_path(directory: Path, first_lsn: int) -> Path:
 @dataclass(slots=True)
 class _Batch:
     first_lsn: int
-    data: bytearray
+    changes: list[Change]
     new_segment: bool  # start a new segment file before writing this batch
+
+
+@dataclass(slots=True)
+class _Encoded:
+    first_lsn: int
+    payload: bytes  # framed (CRC) on the writer thread
+    new_segment: bool
 
 
 class WriteAheadLog:
@@ -79,7 +91,8 @@ class WriteAheadLog:
         interval_ms: int,
         segment_max_bytes: int,
         fsync: Callable[[int], None] = os.fsync,
-        on_written: Callable[[Sequence[Change]], None] | None = None,  # runs on the writer thread
+        # Runs on a thread of its own with every batch of records once they are written.
+        on_written: Callable[[Sequence[Change]], None] | None = None,
     ) -> None:
         self.directory = directory
         self.policy = policy
@@ -91,9 +104,12 @@ class WriteAheadLog:
         self.fsyncs = 0
         self.bytes_written = 0
         self._batches: list[_Batch] = []
-        self._changes: list[Change] = []  # for ``on_written`` (the archive), in order
         self._on_written = on_written
-        self._waiters: list[asyncio.Future[None]] = []
+        # Every append until the flusher takes the batches shares ``_pending``;
+        # ``_inflight`` is the one of the batches being written.
+        self._pending: asyncio.Future[None] | None = None
+        self._inflight: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup = asyncio.Event()
         self._cut_next = True
         self._file: int | None = None  # fd of the open segment
@@ -103,6 +119,8 @@ class WriteAheadLog:
         # Background fsyncs (interval policy, retired segments) run on their own thread,
         # so a slow fsync never holds up writes and the acks waiting for them.
         self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kapok-wal-sync")
+        self._archiver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kapok-archive")
+        self._archiving: deque[Future[None]] = deque()
         self._file_lock = threading.Lock()  # guards _file and _dirty between the two threads
         self._tasks: list[asyncio.Task[None]] = []
         self.failed: StorageError | None = None
@@ -113,7 +131,7 @@ class WriteAheadLog:
         """Begin appending at ``next_lsn`` (in a new segment file)."""
         self.next_lsn = next_lsn
         self._cut_next = True
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._flusher()))
         if self.policy == "interval":
             self._tasks.append(loop.create_task(self._interval_syncer()))
@@ -127,6 +145,7 @@ class WriteAheadLog:
         await asyncio.get_running_loop().run_in_executor(self._thread, self._close_file)
         self._thread.shutdown(wait=True)
         self._syncer.shutdown(wait=True)
+        self._archiver.shutdown(wait=True)
 
     # ------------------------------------------------------------ appending
 
@@ -135,16 +154,16 @@ class WriteAheadLog:
         if self.failed is not None:
             raise self.failed
         if not self._batches or self._cut_next:
-            self._batches.append(_Batch(self.next_lsn, bytearray(), self._cut_next))
+            self._batches.append(_Batch(self.next_lsn, [], self._cut_next))
             self._cut_next = False
-        self._batches[-1].data += encode_batch(changes)
+        self._batches[-1].changes.extend(changes)
         self.next_lsn += len(changes)
         self.records_written += len(changes)
-        if self._on_written is not None:
-            self._changes.extend(changes)
-        future = asyncio.get_running_loop().create_future()
-        self._waiters.append(future)
-        self._wakeup.set()
+        future = self._pending
+        if future is None:
+            assert self._loop is not None, "append before start"
+            future = self._pending = self._loop.create_future()
+            self._wakeup.set()
         return future
 
     def cut(self) -> int:
@@ -153,32 +172,58 @@ class WriteAheadLog:
         return self.next_lsn
 
     async def flush(self) -> None:
-        """Wait until everything appended so far is durable."""
-        if self._waiters:
-            await asyncio.gather(*self._waiters, return_exceptions=True)
+        """Wait until everything appended so far is durable (or failed)."""
+        waiting = [f for f in (self._inflight, self._pending) if f is not None]
+        if waiting:
+            await asyncio.wait(waiting)
 
     async def _flusher(self) -> None:
         loop = asyncio.get_running_loop()
+        sync = self.policy == "always"
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
             while self._batches:
                 batches, self._batches = self._batches, []
-                waiters, self._waiters = self._waiters, []
-                changes, self._changes = self._changes, []
+                waiter, self._pending = self._pending, None
+                self._inflight = waiter
+                # The archive wants the records in order; flattened only when it is on.
+                changes: list[Change] = []
+                if self._on_written is not None:
+                    changes = (
+                        batches[0].changes if len(batches) == 1 else [c for b in batches for c in b.changes]
+                    )
                 try:
-                    sync = self.policy == "always"
-                    await loop.run_in_executor(self._thread, self._write, batches, sync, changes)
+                    encoded = [
+                        _Encoded(b.first_lsn, encode_payload(b.changes), b.new_segment) for b in batches
+                    ]
+                    await loop.run_in_executor(self._thread, self._write, encoded, sync)
                 except OSError as exc:
                     self.failed = StorageError(f"the write-ahead log failed: {exc}")
                     log.error("%s; the node no longer accepts writes", self.failed.message)
-                    for waiter in waiters:
-                        if not waiter.done():
-                            waiter.set_exception(self.failed)
+                    for future in (waiter, self._pending):
+                        if future is not None and not future.done():
+                            future.set_exception(self.failed)
+                            future.exception()  # retrieved: an unawaited failure is not an extra log line
+                    self._inflight = None
                     return
-                for waiter in waiters:
-                    if not waiter.done():
-                        waiter.set_result(None)
+                self._inflight = None
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
+                if changes:
+                    await self._hand_to_archive(changes)
+
+    async def _hand_to_archive(self, changes: list[Change]) -> None:
+        # After the acks, not before them, and on a thread of its own: the archive is an
+        # analytics feed, so building its lines must delay neither confirmations nor the
+        # next write. One thread keeps the batches in log order; at most a few batches
+        # wait for it, after which the flusher waits too (backpressure, bounded memory).
+        archiving = self._archiving
+        while archiving and archiving[0].done():
+            archiving.popleft()
+        if len(archiving) >= ARCHIVE_BACKLOG:
+            await asyncio.wrap_future(archiving.popleft())
+        archiving.append(self._archiver.submit(self._archive, changes))
 
     async def _interval_syncer(self) -> None:
         loop = asyncio.get_running_loop()
@@ -189,25 +234,28 @@ class WriteAheadLog:
 
     # ------------------------------------------------------------ writer thread
 
-    def _write(self, batches: list[_Batch], sync: bool, changes: Sequence[Change]) -> None:
+    def _write(self, batches: list[_Encoded], sync: bool) -> None:
         for batch in batches:
             if self._file is None or batch.new_segment or self._file_size >= self.segment_max_bytes:
                 self._open_segment(batch.first_lsn)
             assert self._file is not None
-            view = memoryview(batch.data)
+            data = frame(batch.payload)
+            view = memoryview(data)
             while view:
                 written = os.write(self._file, view)
                 view = view[written:]
-            self._file_size += len(batch.data)
-            self.bytes_written += len(batch.data)
+            self._file_size += len(data)
+            self.bytes_written += len(data)
             self._dirty = True
         if sync:
             self._sync()
-        if self._on_written is not None and changes:
-            try:
-                self._on_written(changes)  # the archive: on this thread, off the event loop
-            except Exception:  # the archive is not worth failing the log for
-                log.exception("writing the archive failed")
+
+    def _archive(self, changes: Sequence[Change]) -> None:
+        assert self._on_written is not None
+        try:
+            self._on_written(changes)
+        except Exception:  # the archive is not worth failing the log for
+            log.exception("writing the archive failed")
 
     def _sync(self) -> None:
         """fsync the open segment now, on the writer thread (policy ``always``)."""

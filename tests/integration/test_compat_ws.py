@@ -319,6 +319,49 @@ async def test_producer_pipelined_frames_one_reply_each_in_order(
     assert datas == [f"m{i}" for i in range(30)]
 
 
+@pytest.mark.parametrize(
+    ("setting", "words"),
+    [("mq.max_length=5", ("full",)), ("mq.producer_rate=0.001", ("rate",))],
+)
+async def test_pipelined_frames_over_a_limit_answered_one_by_one(
+    make_node: Any, session: aiohttp.ClientSession, setting: str, words: tuple[str, ...]
+) -> None:
+    # Frames that arrive together are published as one batch, and the broker refuses
+    # a batch as a whole; each frame must still get the answer it would have had alone.
+    node = await make_node(setting, "mq.producer_burst=5")
+    frames = [json.dumps({"MessageData": f"m{i}", "DelayTime": 0}) for i in range(8)]
+    async with producer(session, node, "small") as ws:
+        for frame in frames:
+            await ws.send_str(frame)
+        replies = [await recv_text(ws) for _ in frames]
+        await expect_silence(ws, 0.2)
+    assert replies[:5] == ["ok"] * 5
+    for reply in replies[5:]:
+        body = json.loads(reply)
+        assert body["code"] == -1 and any(w in body["msg"].lower() for w in words), body
+    stored = await messages(session, node, "small")
+    datas = [(await get_message(session, node, r["MessageCode"]))["MessageData"] for r in reversed(stored)]
+    assert datas == [f"m{i}" for i in range(5)]
+
+
+async def test_acks_sent_together_settle_together_and_unknown_ones_are_counted(
+    node: Any, session: aiohttp.ClientSession
+) -> None:
+    async with producer(session, node, "jobs") as prod:
+        for i in range(20):
+            await publish(prod, f"m{i}")
+    async with consumer(session, node, "jobs") as cons:
+        codes = [(await recv_push(cons))["MessageCode"] for _ in range(20)]
+        for code in [*codes[:10], "no-such-code", *codes[10:]]:
+            await cons.send_str(code)
+
+        async def all_acked() -> bool:
+            return (await count(session, node))["consumed"] == 20
+
+        await eventually(all_acked, what="the 20 acks applied")
+        assert await metric(session, node, 'kapok_bad_input_total{kind="compat_unknown_ack"}') == 1
+
+
 async def test_producer_listed_in_get_clients_while_connected(
     node: Any, session: aiohttp.ClientSession
 ) -> None:

@@ -35,6 +35,7 @@ from aiohttp.test_utils import TestServer
 
 from kapok.config import load_config
 from kapok.core.broker import Broker, Draft
+from kapok.core.changes import GroupCreated
 from kapok.core.model import Consumer, Entry
 from kapok.server.app import make_app
 from kapok.server.service import BrokerService
@@ -42,7 +43,7 @@ from kapok.storage import disk as disk_module
 from kapok.storage.disk import DiskStore
 from kapok.storage.records import decode_frames, encode, encode_end
 from kapok.storage.snapshot import list_snapshots
-from kapok.storage.wal import list_segments
+from kapok.storage.wal import WriteAheadLog, list_segments
 from kapok.testing.inprocess import InProcessNode
 
 SECRET = "test"
@@ -333,6 +334,32 @@ async def test_always_no_ack_of_any_protocol_before_its_fsync_and_one_fsync_cove
     assert not gate.timed_out
     await kp.close()
     await ws.ws.close()
+
+
+async def test_wal_flush_waits_for_the_batch_being_written_too(tmp_path: Path) -> None:
+    # Appends between two hand-offs share one future; flush() must also wait for
+    # the batch already on the writer thread, not only for the ones still queued.
+    gate = GateFsync()
+    wal = WriteAheadLog(tmp_path, policy="always", interval_ms=1000, segment_max_bytes=1 << 20, fsync=gate)
+    wal.start(0)
+    try:
+        await wal.append([GroupCreated("t", "g", 1.0)])  # opens the segment
+        gate.hold()
+        try:
+            first = wal.append([GroupCreated("t", "a", 2.0)])
+            assert wal.append([GroupCreated("t", "b", 3.0)]) is first
+            await until(lambda: gate.waiting == 1, what="the fsync to start")
+            flush = asyncio.create_task(wal.flush())
+            await asyncio.sleep(QUIET)
+            assert not first.done() and not flush.done()
+        finally:
+            gate.release()
+        await asyncio.wait_for(flush, T)
+        assert first.done() and first.exception() is None
+    finally:
+        await wal.aclose()
+    (segment,) = list_segments(tmp_path)
+    assert len(decode_frames(segment.path.read_bytes()).records) == 3
 
 
 async def test_always_producer_send_waits_for_fsync(

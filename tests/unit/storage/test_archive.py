@@ -7,12 +7,20 @@ import json
 import os
 from pathlib import Path
 
+import hypothesis.strategies as st
 import orjson
 import pytest
+from hypothesis import given
 
 from kapok.core import changes as ch
 from kapok.errors import StorageError
-from kapok.storage.archive import Archive, archive_events, list_archive_files, read_archive_file
+from kapok.storage.archive import (
+    Archive,
+    archive_events,
+    encode_events,
+    list_archive_files,
+    read_archive_file,
+)
 from kapok.testing.clock import ManualClock
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
@@ -78,6 +86,36 @@ def test_unknown_final_status_is_kept_under_its_own_name() -> None:
 def test_size_counts_payload_bytes() -> None:
     (event,) = archive_events([published(data="é".encode() * 10)])
     assert event["size"] == 20
+
+
+# Names that would fool a cut at the wrong place: the event separator, quotes, escapes.
+tricky = st.text(max_size=12) | st.sampled_from(['},{"ev":', '"},{"ev":"', "\\", '\\"},{"ev":', "\n", "é"])
+
+
+@given(st.lists(st.tuples(st.sampled_from("pdrsxm"), tricky, tricky, tricky), max_size=12))
+def test_encode_events_is_one_line_per_event_exactly_as_orjson_writes_it(
+    rows: list[tuple[str, str, str, str]],
+) -> None:
+    changes: list[ch.Change] = []
+    for kind, code, topic, other in rows:
+        if kind == "p":
+            changes.append(
+                ch.Published(1, code, topic, other.encode(), other, 0, T0, T0, 0.0, other, "", None, ())
+            )
+        elif kind == "d":
+            changes.append(ch.Delivered(code, topic, other, 1, T0))
+        elif kind == "r":
+            changes.append(ch.Requeued(code, topic, other, other, T0))
+        elif kind == "s":
+            changes.append(ch.Settled(code, topic, other, "dead", other, T0))
+        elif kind == "x":
+            changes.append(ch.Settled(code, topic, other, other, other, T0))
+        else:
+            changes.append(ch.MessageDeleted(code, T0))
+    events = archive_events(changes)
+    chunk, count = encode_events(changes)
+    assert count == len(events)
+    assert chunk == b"".join(orjson.dumps(e) + b"\n" for e in events)
 
 
 # ---------------------------------------------------------------- writing

@@ -1,0 +1,47 @@
+"""The outbox frames text messages itself (to write many in one syscall): the bytes
+must be exactly the frames aiohttp's own writer would have sent."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from aiohttp import WSMsgType
+from aiohttp.http import WebSocketWriter
+
+from kapok.server.outbox import text_frame_header, text_frames
+
+LENGTHS = [0, 1, 2, 125, 126, 127, 1000, 65535, 65536, 70000]
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.out = bytearray()
+
+    def write(self, data: Any) -> None:
+        self.out += data
+
+    def is_closing(self) -> bool:
+        return False
+
+
+class _Protocol:
+    _paused = False
+
+
+async def aiohttp_frame(payload: bytes) -> bytes:
+    transport = _Transport()
+    writer = WebSocketWriter(_Protocol(), transport)  # type: ignore[arg-type]
+    await writer.send_frame(payload, WSMsgType.TEXT)
+    return bytes(transport.out)
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+async def test_a_frame_is_byte_for_byte_aiohttps(length: int) -> None:
+    payload = b"x" * length
+    assert text_frame_header(length) + payload == await aiohttp_frame(payload)
+
+
+async def test_many_frames_are_aiohttps_frames_back_to_back() -> None:
+    payloads = [b"ok", b"", b"y" * 300, b"z" * 70000, b"ok"]
+    assert text_frames(payloads) == b"".join([await aiohttp_frame(p) for p in payloads])
