@@ -9,7 +9,9 @@ A packet is ``[header byte][tag][body]``:
 * body: a JSON array of messages (orjson), each message an array whose first element is
   the wire type code (memberlist's numbering: ping 0, indirect ping 1, ack 2, suspect 3,
   alive 4, dead 5, push-pull 6, nack 11). Several messages in one array is the compound
-  packet: probes carry piggybacked broadcasts this way.
+  packet: probes carry piggybacked broadcasts this way. A ping may carry a fifth element,
+  the address its ack is to be streamed back to (the TCP fallback probe); older decoders
+  that expect four elements would drop such a ping, which is only ever sent as a stream.
 
 Broadcasts are encoded once (``encode_message``) and the same bytes are spliced into every
 packet that carries them (``seal``), which is why the body is a plain JSON array.
@@ -221,8 +223,11 @@ class Codec:
 
     @staticmethod
     def _ping(f: list[Any]) -> Ping:
-        _, seq, target, source = f
-        return Ping(_uint(seq), _str(target), _str(source))
+        if len(f) == 4:
+            _, seq, target, source = f
+            return Ping(_uint(seq), _str(target), _str(source))
+        _, seq, target, source, reply = f
+        return Ping(_uint(seq), _str(target), _str(source), _str(reply))
 
     @staticmethod
     def _indirect(f: list[Any]) -> IndirectPing:
@@ -318,7 +323,12 @@ def _push_pull_fields(m: PushPull) -> tuple[Any, ...]:
 
 
 _ENCODERS: Final[dict[type, Callable[[Any], tuple[Any, ...]]]] = {
-    Ping: lambda m: (T_PING, m.seq, m.target, m.source),
+    # The reply address is left out when empty: a datagram ping stays as small as before.
+    Ping: lambda m: (
+        (T_PING, m.seq, m.target, m.source, m.stream_reply_addr)
+        if m.stream_reply_addr
+        else (T_PING, m.seq, m.target, m.source)
+    ),
     IndirectPing: lambda m: (T_INDIRECT, m.seq, m.target, m.target_addr, m.nack),
     Ack: lambda m: (T_ACK, m.seq),
     Nack: lambda m: (T_NACK, m.seq),

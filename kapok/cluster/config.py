@@ -19,6 +19,11 @@ Fields that memberlist does not have, and why:
 * ``reconnect_interval_s``: every so often, push-pull with one random *dead* member (Serf's
   reconnect, which memberlist leaves to its user). A member declared dead across a partition
   hears about it this way once the network heals, refutes, and both sides merge again.
+* ``tcp_pings`` is memberlist's ``DisableTcpPings`` the other way round (on by default in
+  both profiles): when the direct ping goes unanswered, the target is also pinged over a
+  stream, alongside the indirect probes, and its ack clears the round like a direct one.
+  TCP retransmits what the network drops, so datagram loss alone makes a live member
+  suspect far less often (at 10 % loss, in the simulator: about 5× fewer accusations).
 * ``lifeguard``: False gives plain SWIM (fixed suspicion timeout at the minimum, no local
   health scaling, no nacks, no buddy suspect), for comparison runs in the simulator.
 """
@@ -52,6 +57,7 @@ class SwimConfig:
     max_packet_bytes: int = 1400  # UDP payload limit, header and tag included
     max_stream_bytes: int = 8 * 1024 * 1024  # push-pull blob limit
     meta_max_bytes: int = 512  # encoded NodeMeta limit
+    tcp_pings: bool = True  # ping over a stream too when the direct ping times out
     lifeguard: bool = True  # False: plain SWIM (for comparison)
 
     def __post_init__(self) -> None:

@@ -86,11 +86,16 @@ class NodeState:
 @dataclass(frozen=True, slots=True)
 class Ping:
     """Direct probe. ``target`` is the name the sender means to reach, so a node that
-    restarted under another name at the same address does not answer for the old one."""
+    restarted under another name at the same address does not answer for the old one.
+
+    ``stream_reply_addr`` set: the ack goes back to that address over a stream, and by
+    datagram too (the TCP fallback probe, memberlist's TCP ping). A stream is one-way and
+    its receiver learns no sender address, so the ping carries it, as ``PushPull`` does."""
 
     seq: int
     target: str
     source: str
+    stream_reply_addr: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +179,8 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class SendStream:
-    """Deliver one authenticated blob over a stream connection (push-pull); best effort."""
+    """Deliver one authenticated blob over a stream connection (push-pull, the TCP fallback
+    ping and its ack); best effort."""
 
     addr: str
     data: bytes

@@ -36,6 +36,10 @@ class Params:
     config: SwimConfig = field(default_factory=SwimConfig)
     duration_s: float = 600.0  # S4's quiescent run and S8's speed run
     quick: bool = False  # fewer arms (one loss level, one slow fraction) for test grids
+    tcp_rto: bool = False  # streams pay Linux's TCP retransmission timeouts for lost segments
+
+    def net(self, loss: float = 0.0) -> Network:
+        return Network(loss=loss).with_linux_rto() if self.tcp_rto else Network(loss=loss)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +164,7 @@ def _detect(
 
 def s1(p: Params) -> Result:
     r = Result("S1", "one node crashes, 1% loss, 1–3 ms latency")
-    net = Network(loss=0.01)
+    net = p.net(0.01)
     times: list[float] = []
     undetected = false = 0
     for seed in range(p.first_seed, p.first_seed + p.seeds):
@@ -178,7 +182,7 @@ def s1(p: Params) -> Result:
 
 
 def _join_once(p: Params, seed: int, loss: float, horizon: float) -> list[float]:
-    sim = _formed(p, seed, Network(loss=loss), n=p.n - 1)
+    sim = _formed(p, seed, p.net(loss), n=p.n - 1)
     newcomer = sim.add_node()
     seed_node = sim.nodes[random.Random(seed).randrange(p.n - 1)]
     rec = Recorder(sim, [newcomer.name])
@@ -216,7 +220,7 @@ def s2(p: Params) -> Result:
 
 
 def _formation_once(p: Params, seed: int) -> float:
-    sim = _formed(p, seed, Network(loss=0.01), n=0)
+    sim = _formed(p, seed, p.net(0.01), n=0)
     nodes = [sim.add_node() for _ in range(p.n)]
     rec = Recorder(sim)
     rec.track_full_view(p.n)
@@ -248,14 +252,15 @@ def s4(p: Params) -> Result:
     r = Result("S4", f"no crash, {p.duration_s:.0f} simulated s, uniform loss")
     arms = (0.10,) if p.quick else (0.01, 0.05, 0.10)
     for loss in arms:
-        deaths = suspicions = accusations = unrefuted = 0
+        deaths = suspicions = accusations = unrefuted = stream_pings = 0
         for seed in range(p.first_seed, p.first_seed + p.seeds):
-            sim = _formed(p, seed, Network(loss=loss))
+            sim = _formed(p, seed, p.net(loss))
             rec = Recorder(sim)
             sim.run_until(p.duration_s)
             deaths += len(rec.false_deaths)
             suspicions += rec.false_suspicions
             accusations += len(rec.accusations)
+            stream_pings += sum(nd.swim.stats["stream_pings"] for nd in sim.nodes)
             unrefuted += sum(
                 1 for nd in sim.nodes for st in nd.swim.members() if st.state is DEAD and st.name != nd.name
             )
@@ -265,13 +270,15 @@ def s4(p: Params) -> Result:
         node_minutes = p.seeds * p.n * p.duration_s / 60.0
         r.add(f"false accusations per node-minute, {loss:.0%}", f"{accusations / node_minutes:.4f}")
         r.add(f"observer rows turned suspect per node-minute, {loss:.0%}", f"{suspicions / node_minutes:.2f}")
+        # Each fallback ping costs two TCP connections (the ping, and the ack back).
+        r.add(f"fallback stream pings per node-minute, {loss:.0%}", f"{stream_pings / node_minutes:.1f}")
         r.add(f"live members held dead at the end, {loss:.0%}", str(unrefuted), "0", unrefuted == 0)
     return r
 
 
 def s5(p: Params) -> Result:
     r = Result("S5", "slow nodes read packets 0.5–2.5 s late, 3% loss: Lifeguard vs plain SWIM")
-    net = Network(loss=0.03)
+    net = p.net(0.03)
     for frac in (0.05,) if p.quick else (0.01, 0.05):
         arm: dict[bool, tuple[list[float], int, int, int]] = {}
         for lifeguard in (True, False):
@@ -302,7 +309,7 @@ def s5(p: Params) -> Result:
 def _partition_once(p: Params, seed: int, pp: float) -> tuple[float, float, float, int]:
     """Shares of cross-partition rows suspect-or-dead and dead at heal, time to full view
     after heal, rows stuck dead."""
-    sim = _formed(p, seed, Network(loss=0.01))
+    sim = _formed(p, seed, p.net(0.01))
     rec = Recorder(sim)
     side = {nd.index: nd.index % 2 for nd in sim.nodes}
     t_split, t_heal = 5.0, 35.0
@@ -352,7 +359,7 @@ def s6(p: Params) -> Result:
 
 
 def _load(p: Params, n: int, seed: int) -> tuple[float, float, float, int]:
-    sim = _formed(p, seed, Network(), n=n)
+    sim = _formed(p, seed, p.net(), n=n)
     # The window spans a whole push-pull period, so stream traffic is measured too.
     warm, window = 60.0, max(60.0, push_pull_scale(p.config.push_pull_interval_s, n))
     sim.run_until(warm)
@@ -390,7 +397,7 @@ def s8(p: Params) -> Result:
     small = Params(n=min(p.n, 100), seeds=1, config=p.config)
 
     def traced(seed: int) -> str:
-        sim = Simulator(p.config, seed, Network(loss=0.05), trace=True)
+        sim = Simulator(p.config, seed, p.net(0.05), trace=True)
         nodes = [sim.add_node() for _ in range(small.n)]
         sim.bootstrap(nodes)
         sim.at(10.0, lambda: sim.crash(nodes[3]))
@@ -401,7 +408,7 @@ def s8(p: Params) -> Result:
     r.add("same seed → same trace hash", "yes" if a == b else "NO", "yes", a == b)
     r.add("other seed → other trace hash", "yes" if a != c else "NO", "yes", a != c)
     t0 = time.perf_counter()
-    sim = _formed(p, p.first_seed, Network())
+    sim = _formed(p, p.first_seed, p.net())
     sim.run_until(p.duration_s)
     wall = time.perf_counter() - t0
     limit = 60.0 * p.duration_s / 600.0
@@ -412,7 +419,7 @@ def s8(p: Params) -> Result:
         wall <= limit,
     )
     t0 = time.perf_counter()
-    _detect(p, p.first_seed, Network(loss=0.01), p.config, horizon=120.0)
+    _detect(p, p.first_seed, p.net(0.01), p.config, horizon=120.0)
     wall = time.perf_counter() - t0
     r.add(f"wall, S1 at N={p.n} (s)", f"{wall:.1f}", "≤ 30", wall <= 30.0)
     return r

@@ -60,6 +60,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--quick", action="store_true", help="one arm per scenario (one loss level, one slow share)"
     )
+    ap.add_argument(
+        "--no-tcp-pings", action="store_true", help="turn the TCP fallback ping off (SwimConfig.tcp_pings)"
+    )
+    ap.add_argument(
+        "--tcp-rto",
+        action="store_true",
+        help="lost stream segments cost Linux's TCP retransmission timeouts (default: loss spares streams)",
+    )
     args = ap.parse_args(argv)
     names = (
         list(SCENARIOS) if args.scenario == "all" else [s.strip().upper() for s in args.scenario.split(",")]
@@ -69,9 +77,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"unknown scenario(s): {', '.join(unknown)}")
     if args.nodes < 10 or args.seeds < 1:
         ap.error("--nodes must be at least 10 and --seeds at least 1")
-    config: SwimConfig = SwimConfig.profile(args.profile)
-    params = Params(args.nodes, args.seeds, args.first_seed, config, args.duration, args.quick)
-    print(f"N={args.nodes}, {args.seeds} seed(s) from {args.first_seed}, profile {args.profile}", flush=True)
+    config: SwimConfig = SwimConfig.profile(args.profile, tcp_pings=not args.no_tcp_pings)
+    params = Params(args.nodes, args.seeds, args.first_seed, config, args.duration, args.quick, args.tcp_rto)
+    print(
+        f"N={args.nodes}, {args.seeds} seed(s) from {args.first_seed}, profile {args.profile}, "
+        f"TCP pings {'off' if args.no_tcp_pings else 'on'}, "
+        f"TCP retransmission timeouts {'on' if args.tcp_rto else 'off'}",
+        flush=True,
+    )
     results = run(names, params, progress=True)
     print()
     print(format_table(results))

@@ -10,8 +10,16 @@ partition, join). The network model:
 * partitions: nodes carry a group number and packets and streams between different
   groups are dropped while a partition is in force;
 * slow ("starved") nodes read every packet ``slow_delay_s`` late (uniform in the range);
-* streams (push-pull) are reliable unless the peer is down or partitioned away, and take
-  three one-way delays (connection set-up and transfer).
+* streams (push-pull, the TCP fallback ping and its ack) are TCP: never lost unless the
+  peer is down or partitioned away (checked when the stream is opened), and they take three
+  one-way delays (connection set-up and transfer). By default packet loss does not touch
+  them. With retransmission timeouts set (``syn_rto_s``, ``data_rto_s``; Linux's come
+  from ``Network.with_linux_rto()``), loss makes them late instead: each of the SYN, the
+  SYN-ACK and the blob is lost with the link's loss rate, and a loss costs a timeout,
+  doubled on every further loss of the same segment. One data segment stands for the
+  whole blob, since fast retransmit repairs most losses in a longer transfer within a
+  round trip. A segment lost on seven tries in a row drops the stream (the connection
+  times out).
 
 Everything is seeded, so a run is a pure function of its seed: ``trace_hash`` digests every
 delivered packet and state change to prove it.
@@ -24,7 +32,7 @@ import heapq
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kapok.cluster.codec import Codec, KeyRing
 from kapok.cluster.config import SwimConfig
@@ -43,6 +51,7 @@ from kapok.cluster.swim import Swim
 __all__ = ["Network", "SimNode", "Simulator"]
 
 _TICK, _PACKET, _STREAM, _ACTION = 0, 1, 2, 3
+_TCP_RETRIES = 6  # Linux tcp_syn_retries: a segment lost this many more times drops the stream
 
 
 @dataclass(slots=True)
@@ -51,6 +60,13 @@ class Network:
     delay_min_s: float = 0.001
     delay_max_s: float = 0.003
     slow_delay_s: tuple[float, float] = (0.5, 2.5)
+    # Streams' retransmission timeouts, doubled per retry; 0 (the default): loss spares streams.
+    syn_rto_s: float = 0.0  # a lost SYN or SYN-ACK is sent again after this
+    data_rto_s: float = 0.0  # a lost data segment is sent again after this
+
+    def with_linux_rto(self) -> Network:
+        """The same network, with Linux's 1 s initial (handshake) and 200 ms minimum (data) RTO."""
+        return replace(self, syn_rto_s=1.0, data_rto_s=0.2)
 
 
 class SimNode:
@@ -109,6 +125,8 @@ class Simulator:
         self.packets = 0
         self.packets_lost = 0
         self.max_packet = 0
+        self.streams = 0
+        self.streams_retransmitted = 0
         self.stream_bytes = 0
         self._heap: list[tuple[float, int, int, int, object, str]] = []
         self._seq = 0
@@ -259,15 +277,34 @@ class Simulator:
         self._push(self.now + delay, _PACKET, dst.index, data, src.addr)
 
     def _stream(self, src: SimNode, addr: str, data: bytes) -> None:
+        self.streams += 1
         self.stream_bytes += len(data)
         dst = self.by_addr.get(addr)
         if dst is None or not dst.up or (self.partitioned and dst.group != src.group):
             return
         net = self.net
-        delay = 3 * (net.delay_min_s + self.rng.random() * (net.delay_max_s - net.delay_min_s))
+        rnd = self.rng.random
+        delay = 3 * (net.delay_min_s + rnd() * (net.delay_max_s - net.delay_min_s))
+        fwd = back = net.loss
+        if self.link_loss:
+            fwd = self.link_loss.get((src.index, dst.index), fwd)
+            back = self.link_loss.get((dst.index, src.index), back)
+        if (fwd or back) and (net.syn_rto_s or net.data_rto_s):
+            late = 0.0
+            for loss, rto in ((fwd, net.syn_rto_s), (back, net.syn_rto_s), (fwd, net.data_rto_s)):
+                tries = 0
+                while rnd() < loss:
+                    tries += 1
+                    if tries > _TCP_RETRIES:
+                        return  # the connection times out
+                    late += rto
+                    rto *= 2
+            if late:
+                self.streams_retransmitted += 1
+                delay += late
         if dst.slow:
             lo, hi = net.slow_delay_s
-            delay += lo + self.rng.random() * (hi - lo)
+            delay += lo + rnd() * (hi - lo)
         self._push(self.now + delay, _STREAM, dst.index, data, src.addr)
 
     # ------------------------------------------------------------ reading results

@@ -7,7 +7,9 @@ round-robin list. The probe round:
    ``Suspect`` in the same packet — the buddy system — so it can refute at once);
 2. no ``Ack`` after ``probe_timeout_s``: ask ``indirect_checks`` random alive members to
    probe it for us (``IndirectPing``); they relay the ack, or answer ``Nack`` when the target
-   stays silent for them too;
+   stays silent for them too. With ``tcp_pings``, also ping the target over a stream (the
+   driver's TCP), which answers both over a stream and by datagram; either ack ends the
+   round like a direct one, so datagram loss alone seldom gets a live member suspected;
 3. no ack, direct or relayed, by the round deadline (``probe_interval_s`` × local health):
    suspect the target. Local health (awareness) rises by the number of nacks that did *not*
    come back — silence from helpers means the problem is probably ours — and by one for
@@ -182,8 +184,8 @@ class Swim:
         return self._handle(data, from_addr, now, self.config.max_packet_bytes)
 
     def handle_stream(self, data: bytes, now: float) -> list[Effect]:
-        """A push-pull blob received over a stream connection."""
-        return self._handle(data, "", now, self.config.max_stream_bytes)
+        """A blob received over a stream connection (push-pull, a fallback ping or its ack)."""
+        return self._handle(data, "", now, self.config.max_stream_bytes, stream=True)
 
     def tick(self, now: float) -> list[Effect]:
         """Run everything due at ``now``: suspicion timers, relays, the probe round, gossip,
@@ -255,7 +257,7 @@ class Swim:
         return out
 
     def _handle(
-        self, data: bytes | Sequence[Message], from_addr: str, now: float, limit: int
+        self, data: bytes | Sequence[Message], from_addr: str, now: float, limit: int, stream: bool = False
     ) -> list[Effect]:
         self._start(now)
         if isinstance(data, bytes | bytearray | memoryview):
@@ -266,12 +268,15 @@ class Swim:
             msgs: Sequence[Message] = decoded
         else:
             msgs = data
+        if stream and not from_addr:
+            # A stream has no sender address; a fallback ping names the address to answer.
+            from_addr = next((m.stream_reply_addr for m in msgs if isinstance(m, Ping)), "")
         self.stats["packets_in"] += 1
         for msg in msgs:
             if isinstance(msg, Ping):
                 self._on_ping(msg, from_addr)
             elif isinstance(msg, Ack):
-                self._on_ack(msg, now)
+                self._on_ack(msg, now, stream)
             elif isinstance(msg, Alive):
                 self.table.on_alive(msg, now)
             elif isinstance(msg, Suspect):
@@ -313,10 +318,23 @@ class Swim:
         if msg.target and msg.target != self.name:
             self.stats["wrong_target"] += 1
             return
-        self._send(from_addr, [Ack(msg.seq)])
+        if msg.stream_reply_addr:
+            # Answered both ways: the prober fell back to a stream because a ping or an ack was
+            # lost, so a datagram ack probably gets through this time and is the faster one,
+            # while the stream ack survives loss (late, when a segment has to be resent). The
+            # stream ack carries no gossip, so that it stays small whatever is queued.
+            self.stats["stream_acks_out"] += 1
+            self._out.append(SendStream(msg.stream_reply_addr, self.codec.encode([Ack(msg.seq)])))
+        if from_addr:
+            self._send(from_addr, [Ack(msg.seq)])
+        else:
+            self.stats["unroutable"] += 1
 
     def _on_indirect(self, msg: IndirectPing, from_addr: str, now: float) -> None:
         if self.table.leaving:
+            return
+        if not from_addr:  # came over a stream without a ping naming its sender
+            self.stats["unroutable"] += 1
             return
         seq = self._next_seq()
         self._relays[seq] = _Relay(from_addr, msg.seq, msg.nack)
@@ -325,9 +343,12 @@ class Swim:
         self.stats["relays"] += 1
         self._send(msg.target_addr, [Ping(seq, msg.target, self.name)])
 
-    def _on_ack(self, msg: Ack, now: float) -> None:
+    def _on_ack(self, msg: Ack, now: float, stream: bool) -> None:
         probe = self._probe
         if probe is not None and msg.seq == probe.seq:
+            if stream:
+                # memberlist warns here: datagrams to this member fail while TCP gets through.
+                self.stats["stream_ping_saves"] += 1
             self._probe = None
             self._next_probe = max(probe.start + self.config.probe_interval_s, now)
             if self.config.lifeguard:
@@ -374,6 +395,8 @@ class Swim:
                     self._send(helper.addr, [msg])
                 probe.expected_nacks = len(helpers) if nack else 0
                 self.stats["indirect_probes"] += 1
+                if cfg.tcp_pings:
+                    self._stream_ping(probe)
             if now < probe.deadline:
                 return
             self._probe = None
@@ -396,10 +419,21 @@ class Swim:
         interval = self.table.awareness.scale(cfg.probe_interval_s)
         self._probe = _Probe(target, target.incarnation, seq, now, now + cfg.probe_timeout_s, now + interval)
         self.stats["probes"] += 1
-        msgs: list[Message] = [Ping(seq, target.name, self.name)]
-        if cfg.lifeguard and target.state is State.SUSPECT:
+        self._send(target.addr, self._probe_messages(Ping(seq, target.name, self.name), target))
+
+    def _probe_messages(self, ping: Ping, target: Member) -> list[Message]:
+        msgs: list[Message] = [ping]
+        if self.config.lifeguard and target.state is State.SUSPECT:
             msgs.append(Suspect(target.incarnation, target.name, self.name))
-        self._send(target.addr, msgs)
+        return msgs
+
+    def _stream_ping(self, probe: _Probe) -> None:
+        """The TCP fallback probe, with the same seq so that its ack ends the round. The buddy
+        suspect rides along: over a stream it reaches a suspect whose datagrams are lost."""
+        target = probe.target
+        ping = Ping(probe.seq, target.name, self.name, self.addr)
+        self.stats["stream_pings"] += 1
+        self._out.append(SendStream(target.addr, self.codec.encode(self._probe_messages(ping, target))))
 
     def _expire_relays(self, now: float) -> None:
         timers = self._relay_timers

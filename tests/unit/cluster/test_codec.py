@@ -58,7 +58,7 @@ def node_states(draw: st.DrawFn) -> NodeState:
 
 
 small_messages = st.one_of(
-    st.builds(Ping, seqs, names, names),
+    st.builds(Ping, seqs, names, names, addrs),
     st.builds(IndirectPing, seqs, names, addrs, st.booleans()),
     st.builds(Ack, seqs),
     st.builds(Nack, seqs),
@@ -136,6 +136,8 @@ def test_authentic_but_malformed_bodies_are_errors(value: object) -> None:
         b"[[0,1,2,3]]",  # ping with a numeric target
         b'[[0,-1,"a","b"]]',  # negative sequence number
         b'[[0,1,"a"]]',  # missing field
+        b'[[0,1,"a","b",7]]',  # stream reply address not a string
+        b'[[0,1,"a","b","c","d"]]',  # extra field
         b'[[1,1,"a","b","yes"]]',  # nack flag not a boolean
         b'[[4,1,"a","b",["u","r",null,"v","high"]]]',  # load not a number
         b'[[4,1,"a","b",["u","r",null,"v"]]]',  # short meta
@@ -149,6 +151,12 @@ def test_schema_violations_are_malformed(body: bytes) -> None:
     result = Codec().decode(_plain(body))
     assert isinstance(result, DecodeError)
     assert result.reason == "malformed"
+
+
+def test_ping_sends_its_stream_reply_address_only_when_it_has_one() -> None:
+    assert Codec().encode([Ping(1, "a", "b")]) == _plain(b'[[0,1,"a","b"]]')
+    assert Codec().encode([Ping(1, "a", "b", "b:1")]) == _plain(b'[[0,1,"a","b","b:1"]]')
+    assert Codec().decode(_plain(b'[[0,1,"a","b","b:1"]]')) == (Ping(1, "a", "b", "b:1"),)
 
 
 def test_unknown_message_types_are_skipped() -> None:

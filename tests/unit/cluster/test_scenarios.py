@@ -32,7 +32,13 @@ def test_s3_formation() -> None:
 
 @pytest.mark.slow
 def test_s4_no_false_deaths_at_ten_percent_loss() -> None:
-    check(SCENARIOS["S4"](Params(n=N, seeds=1, duration_s=120.0, quick=True)))
+    result = SCENARIOS["S4"](Params(n=N, seeds=1, duration_s=120.0, quick=True))
+    check(result)
+    # The TCP fallback ping is what keeps live members from being accused at 10 % loss: 0.44
+    # accusations per node-minute without it, none with it (this seed; with TCP retransmission
+    # timeouts in the network model, Params(tcp_rto=True), 0.12).
+    [accusations] = [c for c in result.checks if c.metric.startswith("false accusations")]
+    assert float(accusations.measured) < 0.05, format_table([result])
 
 
 @pytest.mark.slow

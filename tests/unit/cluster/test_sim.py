@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 from kapok.cluster.config import FAST, LAN
 from kapok.cluster.messages import State
@@ -163,3 +164,43 @@ def test_trace_does_not_depend_on_the_interpreter_hash_seed() -> None:
         for h in (1, 2)
     }
     assert len(hashes) == 1
+
+
+def test_streams_are_late_under_loss_but_never_lost() -> None:
+    """A stream stands for a TCP connection: loss costs retransmission timeouts, not the blob."""
+    arrivals = []
+    for seed in range(30):
+        sim = Simulator(LAN, seed, Network(loss=0.3).with_linux_rto())
+        seed_node, joiner = sim.add_node(), sim.add_node()
+
+        def known(s: SimNode = seed_node, j: SimNode = joiner) -> bool:
+            return s.swim.member(j.name) is not None
+
+        sim.start(seed_node)
+        sim.join(joiner, [seed_node])  # one push-pull stream to the seed
+        sim.run_until(LAN.join_retry_s - 0.01, stop=known)
+        arrivals.append(sim.now if known() else float("inf"))
+        assert sim.streams_retransmitted <= sim.streams
+    assert min(arrivals) < 0.01  # no segment lost: three one-way delays
+    assert any(1.0 <= t < 5.0 for t in arrivals)  # a lost SYN or SYN-ACK: 1 s later
+    assert sum(t < 5.0 for t in arrivals) >= 25  # the rest wait for longer backoffs, not forever
+
+
+def test_stream_pings_keep_live_members_from_being_suspected_under_heavy_loss() -> None:
+    def run(tcp_pings: bool, network: Network) -> tuple[int, int]:
+        sim = Simulator(replace(LAN, tcp_pings=tcp_pings), 12, network)
+        nodes = [sim.add_node() for _ in range(30)]
+        sim.bootstrap(nodes)
+        sim.run_until(120.0)
+        stats = [nd.swim.stats for nd in nodes]
+        return sum(s["probe_failures"] for s in stats), sum(s["stream_ping_saves"] for s in stats)
+
+    lossy = Network(loss=0.10)
+    failures_off, saves_off = run(False, lossy)
+    failures_on, saves_on = run(True, lossy)
+    assert saves_off == 0 and saves_on > 0
+    assert failures_off > 10 and failures_on == 0  # streams that loss never delays always get through
+    # With TCP retransmission timeouts a lost SYN or SYN-ACK costs 1 s, more than is left of
+    # the round: those fallback pings come too late, hence only a few times fewer failures.
+    failures_rto, _ = run(True, lossy.with_linux_rto())
+    assert failures_rto * 2 < failures_off

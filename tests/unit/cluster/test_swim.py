@@ -4,6 +4,7 @@ and leave of ``Swim``, driven by hand: effects are decoded and delivered by the 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -124,6 +125,98 @@ def test_local_health_stretches_the_round_deadline_but_not_the_probe_timeout() -
     assert swim.next_deadline() == pytest.approx(t + 4 * LAN.probe_interval_s)
     swim.handle_packet([Ack(ping.seq)], "b:1", t + 3.0)  # late, but within the stretched round
     assert swim.member(ping.target).state is State.ALIVE  # type: ignore[union-attr]
+
+
+def streams(effects: list[Effect]) -> list[tuple[str, tuple[Message, ...]]]:
+    out = []
+    for e in effects:
+        if isinstance(e, SendStream):
+            decoded = CODEC.decode(e.data, LAN.max_stream_bytes)
+            assert isinstance(decoded, tuple)
+            out.append((e.addr, decoded))
+    return out
+
+
+def test_unanswered_probe_also_pings_over_a_stream_whose_ack_saves_the_target() -> None:
+    swim = make("a")
+    cluster_view(swim, "b", "c", "d", "e")
+    swim.table.awareness.apply(2)
+    t, addr, ping = first_probe(swim)
+    effects = swim.tick(t + LAN.probe_timeout_s)
+    assert len([m for _, msgs in sends(effects) for m in msgs if isinstance(m, IndirectPing)]) == 3
+    [(stream_addr, (stream_ping,))] = streams(effects)
+    assert stream_addr == addr
+    assert stream_ping == Ping(ping.seq, ping.target, "a", "a:1")
+    # The target answers to the address the ping carries, over a stream and by datagram.
+    target = make(ping.target, seed=2)
+    reply = target.handle_stream(CODEC.encode([stream_ping]), t + 0.6)
+    assert streams(reply) == [("a:1", (Ack(ping.seq),))]
+    assert sends(reply) == [("a:1", (Ack(ping.seq),))]
+    [ack] = [e for e in reply if isinstance(e, SendStream)]
+    assert swim.next_deadline() == pytest.approx(t + 3 * LAN.probe_interval_s)  # the verdict, if no ack
+    swim.handle_stream(ack.data, t + 0.61)
+    assert swim.next_deadline() == pytest.approx(t + LAN.probe_interval_s)  # the next round instead
+    swim.tick(t + 3 * LAN.probe_interval_s)
+    assert swim.member(ping.target).state is State.ALIVE  # type: ignore[union-attr]
+    assert swim.stats["probe_failures"] == 0 and swim.stats["stream_ping_saves"] == 1
+    assert swim.awareness == 1  # a successful probe, like a direct ack
+
+
+def test_stream_ping_carries_the_buddy_suspect_so_the_target_refutes() -> None:
+    swim = make("a")
+    cluster_view(swim, "b")
+    swim.handle_packet([Suspect(0, "b", "c")], "c:1", 0.0)
+    swim.table.queue.clear()
+    t, _, ping = first_probe(swim)
+    [(_, msgs)] = streams(swim.tick(t + LAN.probe_timeout_s))
+    assert msgs == (Ping(ping.seq, "b", "a", "a:1"), Suspect(0, "b", "a"))
+    target = make("b", seed=2)
+    assert streams(target.handle_stream(CODEC.encode(msgs), t + 0.6)) == [("a:1", (Ack(ping.seq),))]
+    assert target.incarnation == 1  # refuted: the alive goes out with the next gossip
+
+
+def test_stream_ping_with_an_outdated_buddy_suspect_gets_the_current_alive_back() -> None:
+    target = make("b", seed=2)
+    target.handle_packet([Suspect(0, "b", "c")], "c:1", 0.0)  # refutes: incarnation 1
+    target.table.queue.clear()
+    blob = CODEC.encode([Ping(9, "b", "a", "a:1"), Suspect(0, "b", "a")])
+    assert sends(target.handle_stream(blob, 1.0)) == [
+        ("a:1", (Ack(9),)),
+        ("a:1", (Alive(1, "b", "b:1", NodeMeta("b")),)),  # the prober missed the refutation
+    ]
+
+
+def test_stream_pings_can_be_turned_off() -> None:
+    swim = Swim("a", "a:1", NodeMeta("a"), replace(LAN, tcp_pings=False), random.Random(1), codec=CODEC)
+    swim.table.queue.clear()
+    cluster_view(swim, "b", "c", "d", "e")
+    t, _, ping = first_probe(swim)
+    assert streams(swim.tick(t + LAN.probe_timeout_s)) == []
+    swim.tick(t + LAN.probe_interval_s)
+    assert swim.member(ping.target).state is State.SUSPECT  # type: ignore[union-attr]
+    assert swim.stats["stream_pings"] == 0
+
+
+def test_stream_ack_after_the_round_deadline_does_not_undo_the_suspicion() -> None:
+    swim = make("a")
+    cluster_view(swim, "b", "c", "d", "e")
+    t, _, ping = first_probe(swim)
+    swim.tick(t + LAN.probe_timeout_s)
+    swim.tick(t + LAN.probe_interval_s)
+    swim.handle_stream(CODEC.encode([Ack(ping.seq)]), t + LAN.probe_interval_s + 0.1)
+    assert swim.member(ping.target).state is State.SUSPECT  # type: ignore[union-attr]
+    assert swim.stats["late_acks"] == 1 and swim.stats["stream_ping_saves"] == 0
+
+
+def test_stream_messages_that_need_a_sender_address_are_dropped() -> None:
+    swim = make("a")
+    # a ping without a reply address, and an indirect ping, have nowhere to go from a stream
+    assert swim.handle_stream(CODEC.encode([Ping(5, "a", "b")]), 1.0) == []
+    assert swim.handle_stream(CODEC.encode([IndirectPing(6, "t", "t:1", True)]), 1.0) == []
+    assert swim.stats["unroutable"] == 2
+    # a stream ping meant for another name is not answered either
+    assert swim.handle_stream(CODEC.encode([Ping(7, "old-name", "b", "b:1")]), 1.0) == []
+    assert swim.stats["wrong_target"] == 1
 
 
 def test_helper_relays_the_ack_or_answers_a_nack() -> None:
