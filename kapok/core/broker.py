@@ -12,9 +12,16 @@ WAL replay and the slave) feed it events with the current time ``now``
 * ``take_woken()``: groups with long-poll waiters that got ready entries.
 * ``next_deadline()``: when ``tick(now)`` must next be called.
 
-Timers never scan: delayed messages, TTLs and retention sit in sorted lists
-(sortedcontainers) and ack deadlines in a heap with lazy deletion, so a
-tick costs only the work that is due.
+Timers never scan: delayed messages and TTLs sit in sorted lists
+(sortedcontainers), retention and ack deadlines in FIFOs per period
+(``RetentionQueue``, ``DeadlineQueues``), so a tick costs only the work
+that is due.
+
+The hot path is publish -> deliver -> ack of plain messages, a few
+microseconds each: per-batch work (code prefix, topic lookups, counters,
+the deadline of a consumer's deliveries) is hoisted out of the
+per-message loops, which is why some of them read less plainly than the
+rest.
 
 Invariants (checked by the stateful test): a message is in flight to at
 most one consumer of a group; a consumer never holds more than its
@@ -25,8 +32,8 @@ nothing is forgotten until it is final (consumed, dead, expired, dropped).
 
 from __future__ import annotations
 
-import heapq
-import itertools
+import sys
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -34,9 +41,11 @@ from sortedcontainers import SortedList
 
 from kapok.config import MqConfig
 from kapok.core import changes as ch
+from kapok.core.frozen import record
 from kapok.core.limits import DedupWindow, RateLimiter, RetentionQueue
-from kapok.core.model import Consumer, Entry, Message, Status, make_code
+from kapok.core.model import CodeMaker, Consumer, Entry, Message, Status, code_prefix
 from kapok.core.routing import compile_pattern
+from kapok.core.timers import DeadlineQueues
 from kapok.core.topics import DEFAULT_GROUP, Group, Topic
 from kapok.errors import (
     BadRequestError,
@@ -50,9 +59,10 @@ __all__ = ["Broker", "Draft", "Stats"]
 
 MAX_NAME_CHARS = 255
 MAX_PRIORITY = 9
+_READY, _DELAYED, _INFLIGHT = Status.READY, Status.DELAYED, Status.INFLIGHT
 
 
-@dataclass(frozen=True, slots=True)
+@record  # the server builds one per published message: see kapok.core.frozen
 class Draft:
     """A message as a producer asks for it, before the broker accepts it."""
 
@@ -104,12 +114,12 @@ class Broker:
         self.consumers: dict[int, Consumer] = {}
         self.messages: dict[str, Message] = {}  # live and retained, by code
         self._seq = first_seq
+        self._codes = CodeMaker()
         self._next_consumer = 1
         self._delayed: SortedList = SortedList()  # (deliver_at, seq, msg)
         self._expiring: SortedList = SortedList()  # (expire_at, seq, msg)
         self._retained: RetentionQueue[Message] = RetentionQueue(cfg.retain_consumed_max)
-        self._deadlines: list[tuple[float, int, Entry]] = []  # heap, lazily pruned
-        self._heap_ties = itertools.count()  # unique tie-breaker: entries never get compared
+        self._deadlines = DeadlineQueues()
         self._dedup = DedupWindow(cfg.dedup_window_s, cfg.dedup_max_entries)
         self._limiter = RateLimiter(cfg.producer_rate, cfg.producer_burst)
         self._pushes: dict[int, list[Entry]] = {}
@@ -137,11 +147,7 @@ class Broker:
 
     def next_deadline(self) -> float | None:
         heads = [lst[0][0] for lst in (self._delayed, self._expiring) if lst]
-        if self._deadlines:
-            heads.append(self._deadlines[0][0])
-        retained = self._retained.next_due()
-        if retained is not None:
-            heads.append(retained)
+        heads.extend(t for t in (self._deadlines.next_due(), self._retained.next_due()) if t is not None)
         return min(heads) if heads else None
 
     # ------------------------------------------------------------ topics and groups
@@ -174,31 +180,32 @@ class Broker:
         del topic.groups[group.name]
         topic.groups_changed()
         self._dirty.discard(group)
-        pending: list[Entry] = [e for q in group.ready for e in q]
+        pending: list[Entry] = [e for q in group.queues() for e in q]
         pending.extend(group.parked)
         if topic.delayed_count:
             pending.extend(
-                e for _, _, m in self._delayed if m.topic == topic.name and (e := m.entries.get(group.name))
+                e for _, _, m in self._delayed if m.topic == topic.name and (e := m.entry(group.name))
             )
         for entry in pending:
             msg = entry.msg
-            if msg.entries.pop(group.name, None) is None:
+            if msg.remove_entry(group.name) is None:
                 continue
             if entry.status is Status.DELAYED:
                 topic.delayed_count -= 1
             if not entry.status.final:
                 entry.status = Status.DROPPED
-                msg.open_entries -= 1
-                if not msg.open_entries:
-                    self._complete(msg, now)
+                if msg.settled():
+                    self._complete(msg, topic, now)
 
     # ------------------------------------------------------------ publish
 
     def publish(self, drafts: Iterable[Draft], now: float) -> list[str]:
         """Accept a batch atomically: every draft is checked before any is stored."""
-        drafts = list(drafts)
+        drafts = drafts if isinstance(drafts, list) else list(drafts)
         max_bytes = self.cfg.max_message_bytes
-        per_producer: dict[str, int] = {}
+        first_topic = drafts[0].topic if drafts else ""
+        one_topic = True
+        any_dedup = False
         for d in drafts:
             if len(d.data) > max_bytes:
                 raise MessageTooLargeError(
@@ -208,12 +215,73 @@ class Broker:
                 raise BadRequestError(f"priority must be 0 to {MAX_PRIORITY}, got {d.priority}")
             if d.ttl_s < 0:
                 raise BadRequestError("ttl_s must not be negative")
-            per_producer[d.producer_id] = per_producer.get(d.producer_id, 0) + 1
+            if d.dedup_id:
+                any_dedup = True
+            if d.topic != first_topic:
+                one_topic = False
         # Duplicates are answered with the original code and take no room.
         # Each slot: None (store it), a known code, or the index of an earlier
         # draft of this batch with the same dedup id.
-        codes: list[str | int | None] = []
-        fresh: dict[str, list[Draft]] = {}
+        codes: list[str | int | None] = [None] * len(drafts)
+        if any_dedup:
+            per_topic = self._drop_duplicates(drafts, codes, now)
+        elif one_topic:
+            per_topic = {first_topic: len(drafts)} if drafts else {}
+        else:
+            per_topic = {}
+            for d in drafts:
+                per_topic[d.topic] = per_topic.get(d.topic, 0) + 1
+        for name, count in per_topic.items():
+            topic = self.topic(name)
+            cfg = topic.cfg
+            if not (cfg.max_length or cfg.max_bytes) or cfg.overflow != "reject":
+                continue
+            size = sum(
+                len(d.data) for d, slot in zip(drafts, codes, strict=True) if slot is None and d.topic == name
+            )
+            too_many = cfg.max_length and topic.live_count + count > cfg.max_length
+            too_big = cfg.max_bytes and topic.live_bytes + size > cfg.max_bytes
+            if too_many or too_big:
+                raise QueueFullError(
+                    f"topic {name!r} is full (max_length {cfg.max_length}, max_bytes {cfg.max_bytes})"
+                )
+        if self._limiter.enabled:
+            per_producer: dict[str, int] = {}
+            for d in drafts:
+                per_producer[d.producer_id] = per_producer.get(d.producer_id, 0) + 1
+            for producer, n in per_producer.items():
+                if not self._limiter.allow(producer, n, now):
+                    raise RateLimitedError(
+                        f"producer {producer!r} is over its publish rate of {self.cfg.producer_rate}/s"
+                    )
+        out: list[str] = []
+        prefix = code_prefix(int(now * 1000), self.node_id)
+        topics = self.topics
+        store = self._store
+        if not any_dedup:  # the common batch: store every draft
+            out = [store(topics[d.topic], d, None, now, prefix).code for d in drafts]
+        else:
+            for d, slot in zip(drafts, codes, strict=True):
+                if slot is None:
+                    code = store(topics[d.topic], d, None, now, prefix).code
+                    if d.dedup_id:
+                        self._dedup.add(d.topic, d.dedup_id, code, now)
+                else:
+                    self.stats.duplicates += 1
+                    code = out[slot] if isinstance(slot, int) else slot
+                out.append(code)
+        by_topic = self.stats.by_topic_published
+        for name, count in per_topic.items():
+            by_topic[name] = by_topic.get(name, 0) + count
+            self._enforce_limits(topics[name], now)
+        self._dispatch(now)
+        return out
+
+    def _drop_duplicates(
+        self, drafts: list[Draft], codes: list[str | int | None], now: float
+    ) -> dict[str, int]:
+        """Fill ``codes`` for the drafts that are duplicates; returns the fresh drafts per topic."""
+        per_topic: dict[str, int] = {}
         seen: dict[tuple[str, str], int] = {}
         for i, d in enumerate(drafts):
             if d.dedup_id:
@@ -221,86 +289,68 @@ class Broker:
                 if known is None:
                     known = seen.get((d.topic, d.dedup_id))
                 if known is not None:
-                    codes.append(known)
+                    codes[i] = known
                     continue
                 seen[(d.topic, d.dedup_id)] = i
-            codes.append(None)
-            fresh.setdefault(d.topic, []).append(d)
-        for name, batch in fresh.items():
-            topic = self.topic(name)
-            cfg = topic.cfg
-            too_many = cfg.max_length and topic.live_count + len(batch) > cfg.max_length
-            too_big = cfg.max_bytes and topic.live_bytes + sum(len(d.data) for d in batch) > cfg.max_bytes
-            if (too_many or too_big) and cfg.overflow == "reject":
-                raise QueueFullError(
-                    f"topic {name!r} is full (max_length {cfg.max_length}, max_bytes {cfg.max_bytes})"
-                )
-        if self._limiter.enabled:
-            for producer, n in per_producer.items():
-                if not self._limiter.allow(producer, n, now):
-                    raise RateLimitedError(
-                        f"producer {producer!r} is over its publish rate of {self.cfg.producer_rate}/s"
-                    )
-        out: list[str] = []
-        for d, slot in zip(drafts, codes, strict=True):
-            if slot is None:
-                code = self._store(self.topic(d.topic), d, None, now).code
-                if d.dedup_id:
-                    self._dedup.add(d.topic, d.dedup_id, code, now)
-            else:
-                self.stats.duplicates += 1
-                code = out[slot] if isinstance(slot, int) else slot
-            out.append(code)
-        for name in fresh:
-            self._enforce_limits(self.topics[name], now)
-        self._dispatch(now)
-        return out
+            per_topic[d.topic] = per_topic.get(d.topic, 0) + 1
+        return per_topic
 
-    def _store(self, topic: Topic, d: Draft, headers: dict[str, str] | None, now: float) -> Message:
+    def _store(
+        self, topic: Topic, d: Draft, headers: dict[str, str] | None, now: float, prefix: str
+    ) -> Message:
+        """Store one message; ``prefix`` is ``code_prefix`` of ``now`` (computed once per batch)."""
         seq = self._seq
-        self._seq += 1
-        deliver_at = d.deliver_at or (now + d.delay_s if d.delay_s > 0 else now)
+        self._seq = seq + 1
+        code = self._codes.code(prefix, seq)
+        if d.deliver_at:
+            deliver_at = d.deliver_at
+        elif d.delay_s > 0:
+            deliver_at = now + d.delay_s
+        else:
+            deliver_at = now
         ttl = d.ttl_s or topic.cfg.ttl_s
-        code = make_code(int(now * 1000), self.node_id, seq)
         expire_at = now + ttl if ttl > 0 else 0.0
+        # Keys repeat across messages but arrive as fresh strings: share one copy.
+        key = sys.intern(d.key) if d.key else ""
+        delayed = deliver_at > now
+        status = _DELAYED if delayed else _READY
+        groups = topic.group_list
         msg = Message(
-            seq, code, topic.name, d.data, d.key, d.priority, now, deliver_at, expire_at, d.producer_id,
-            d.dedup_id, headers,
+            seq, code, topic.name, d.data, key, d.priority, now, deliver_at, expire_at, d.producer_id,
+            d.dedup_id, headers, group=groups[0] if groups else topic.no_group(),
+            status=status if groups else Status.DROPPED, own_code=True,
         )  # fmt: skip
         self.messages[code] = msg
-        stats = self.stats
-        stats.published += 1
-        by_topic = stats.by_topic_published
-        by_topic[topic.name] = by_topic.get(topic.name, 0) + 1
-        delayed = deliver_at > now
-        status = Status.DELAYED if delayed else Status.READY
-        entries = msg.entries
-        for group in topic.groups.values():
-            entry = Entry(msg, group, status)
-            entries[group.name] = entry
-            if not delayed:
-                group.push_ready(entry)
+        self.stats.published += 1
+        if len(groups) > 1:
+            msg.route(groups[1:], status)  # the message itself is the entry of the first
+        if groups and not delayed:
+            for entry in (msg, *msg.more) if msg.more else (msg,):
+                group = entry.group
+                queue = group.ready[d.priority] or group.queue(d.priority)
+                queue.append(entry)
+                group.ready_count += 1
                 self._dirty.add(group)
-        msg.open_entries = len(entries)
         if self.journal:
             self._changes.append(
                 ch.Published(
-                    seq, code, topic.name, d.data, d.key, d.priority, now, deliver_at, expire_at,
-                    d.producer_id, d.dedup_id, headers, topic.durable_names(),
+                    seq, code, topic.name, d.data, key, d.priority, now, deliver_at, expire_at,
+                    d.producer_id, d.dedup_id, headers, topic.durable,
                 )
             )  # fmt: skip
-        if not msg.entries:
-            stats.unrouted += 1
-            self._complete(msg, now, counted=False)
+        if not groups:
+            self.stats.unrouted += 1
+            self._complete(msg, topic, now, counted=False)
             return msg
         topic.live_count += 1
-        topic.live_bytes += len(msg.data)
-        topic.order.append(msg)
+        topic.live_bytes += len(d.data)
+        if topic.order is not None:
+            topic.order.append(msg)
         if delayed:
-            topic.delayed_count += len(msg.entries)
+            topic.delayed_count += len(groups)
             self._delayed.add((deliver_at, seq, msg))
-        if msg.expire_at:
-            self._expiring.add((msg.expire_at, seq, msg))
+        if expire_at:
+            self._expiring.add((expire_at, seq, msg))
         return msg
 
     def _enforce_limits(self, topic: Topic, now: float) -> None:
@@ -399,14 +449,20 @@ class Broker:
         consumer = self._consumer(consumer_id)
         unknown: list[str] = []
         held = consumer.held
+        finish = self._finish
+        consumed = Status.CONSUMED
+        before = len(held)
         for code in codes:
             entry = held.pop(code, None)
             if entry is None:
                 unknown.append(code)
-                continue
-            consumer.acked += 1
-            self.stats.acked += 1
-            self._finish(entry, Status.CONSUMED, "ack", now)
+            else:
+                finish(entry, consumed, "ack", now)
+        acked = before - len(held)
+        consumer.acked += acked
+        self.stats.acked += acked
+        if consumer.ack_timeout_s:
+            self._deadlines.prune(consumer.ack_timeout_s)
         self._dirty.add(consumer.group)
         self._dispatch(now)
         return unknown
@@ -439,12 +495,12 @@ class Broker:
                 unknown.append(code)
             elif consumer.ack_timeout_s:
                 entry.deadline = now + consumer.ack_timeout_s
-                heapq.heappush(self._deadlines, (entry.deadline, next(self._heap_ties), entry))
+                self._deadlines.add(entry, entry.deadline, consumer.ack_timeout_s)
         return unknown
 
     def _held_in_group(self, topic: str, group: str, code: str) -> Entry | None:
         msg = self.messages.get(code)
-        entry = msg.entries.get(group) if msg is not None and msg.topic == topic else None
+        entry = msg.entry(group) if msg is not None and msg.topic == topic else None
         if entry is None or entry.status is not Status.INFLIGHT or entry.consumer is None:
             return None
         return entry
@@ -535,22 +591,18 @@ class Broker:
         while delayed and delayed[0][0] <= now:
             _, _, msg = delayed.pop(0)
             topic = self.topics[msg.topic]
-            for entry in msg.entries.values():
+            for entry in msg.all_entries():
                 if entry.status is Status.DELAYED:
                     topic.delayed_count -= 1
                     entry.group.push_ready(entry)
                     self._dirty.add(entry.group)
-        heap = self._deadlines
-        timed_out: list[Entry] = []
-        while heap and heap[0][0] <= now:
-            deadline, _, entry = heapq.heappop(heap)
+        timed_out = self._deadlines.pop_due(now)
+        for entry in timed_out:
             consumer = entry.consumer
-            if entry.status is not Status.INFLIGHT or entry.deadline != deadline or consumer is None:
-                continue  # acked, touched or requeued since: a stale heap item
+            assert consumer is not None  # pop_due returns only entries still in flight
             consumer.held.pop(entry.msg.code, None)
             entry.last_consumer_id = consumer.id
-            entry.consumer = None  # a second heap item with the same deadline is now stale too
-            timed_out.append(entry)
+            entry.consumer = None
         # Requeued to the front, so walk backwards to keep delivery order.
         for entry in reversed(timed_out):
             self.stats.timeouts += 1
@@ -564,6 +616,7 @@ class Broker:
         for msg in self._retained.pop_due(now):
             if messages.get(msg.code) is msg:  # not deleted meanwhile
                 del messages[msg.code]
+            msg.forget()
         self._dedup.expire(now)
         self._dispatch(now)
 
@@ -573,33 +626,50 @@ class Broker:
         dirty = self._dirty
         while dirty:
             group = dirty.pop()
-            if group.waiters and group.ready_count:
-                self._woken.add(group)
-            for entry, consumer in group.assign():
-                self._deliver(entry, consumer, now)
+            if group.ready_count:
+                if group.waiters:
+                    self._woken.add(group)
+                if group.consumers:
+                    self._deliver(group, now)
 
-    def _deliver(self, entry: Entry, consumer: Consumer, now: float) -> None:
-        entry.status = Status.INFLIGHT
-        if entry.attempts:
-            self.stats.redelivered += 1
-        entry.attempts += 1
-        entry.last_delivered_at = now
-        entry.consumer = consumer
-        consumer.delivered += 1
-        consumer.held[entry.msg.code] = entry
-        self.stats.delivered += 1
-        if consumer.ack_timeout_s:
-            entry.deadline = now + consumer.ack_timeout_s
-            heapq.heappush(self._deadlines, (entry.deadline, next(self._heap_ties), entry))
-        pushes = self._pushes.get(consumer.id)
-        if pushes is None:
-            self._pushes[consumer.id] = [entry]
-        else:
-            pushes.append(entry)
-        if self.journal:
-            self._changes.append(
-                ch.Delivered(entry.msg.code, entry.msg.topic, entry.group.name, entry.attempts, now)
-            )
+    def _deliver(self, group: Group, now: float) -> None:
+        """Hand ready entries of ``group`` to its consumers, as far as their credit goes."""
+        pushes = self._pushes
+        changes = self._changes if self.journal else None
+        consumer: Consumer | None = None
+        out: list[Entry] = []
+        held: dict[str, Entry] = {}
+        deadlines: deque[float] | None = None
+        timed: deque[Entry] | None = None
+        deadline = 0.0
+        delivered = redelivered = 0
+        for entry, c in group.assign():
+            if c is not consumer:  # one deadline and one push list per consumer and call
+                consumer = c
+                held = c.held
+                out = pushes.get(c.id) or pushes.setdefault(c.id, [])
+                timeout = c.ack_timeout_s
+                deadlines, timed = self._deadlines.queue(timeout) if timeout else (None, None)
+                deadline = now + timeout
+            entry.status = _INFLIGHT
+            attempts = entry.attempts = entry.attempts + 1
+            entry.last_delivered_at = now
+            entry.consumer = c
+            msg = entry.msg
+            held[msg.code] = entry
+            if deadlines is not None and timed is not None:
+                entry.deadline = deadline
+                deadlines.append(deadline)
+                timed.append(entry)
+            out.append(entry)
+            c.delivered += 1
+            delivered += 1
+            if attempts > 1:
+                redelivered += 1
+            if changes is not None:
+                changes.append(ch.Delivered(msg.code, msg.topic, group.name, attempts, now))
+        self.stats.delivered += delivered
+        self.stats.redelivered += redelivered
 
     def _requeue(self, entry: Entry, reason: str, now: float) -> None:
         topic = entry.group.topic
@@ -630,18 +700,19 @@ class Broker:
         dlq_name = topic.name + ".dlq"
         dlq = self.topics.get(dlq_name) or self._make_topic(dlq_name)
         draft = Draft(dlq.name, msg.data, msg.key, msg.priority, producer_id=msg.producer_id)
-        self._store(dlq, draft, headers, now)
+        self._store(dlq, draft, headers, now, code_prefix(int(now * 1000), self.node_id))
+        by_topic = self.stats.by_topic_published
+        by_topic[dlq_name] = by_topic.get(dlq_name, 0) + 1
 
     def _finish(self, entry: Entry, status: Status, reason: str, now: float) -> None:
         entry.status = status
-        entry.finished_at = now
+        entry.deadline = now  # = settled_at, see Entry
         entry.consumer = None
         msg = entry.msg
         if self.journal:
-            self._changes.append(ch.Settled(msg.code, msg.topic, entry.group.name, status.value, reason, now))
-        msg.open_entries -= 1
-        if not msg.open_entries:
-            self._complete(msg, now)
+            self._changes.append(ch.Settled(msg.code, msg.topic, entry.group.name, status.text, reason, now))
+        if msg.status.final and (not msg.more or msg.settled()):
+            self._complete(msg, entry.group.topic, now)
 
     def _end_message(self, msg: Message, status: Status, reason: str, now: float) -> None:
         """Finish every open entry of ``msg`` at once (TTL, overflow, console delete)."""
@@ -649,7 +720,7 @@ class Broker:
             self.stats.expired += 1
         elif reason == "overflow":
             self.stats.dropped += 1
-        for entry in list(msg.entries.values()):
+        for entry in msg.all_entries():
             st = entry.status
             if st.final:
                 continue
@@ -666,9 +737,8 @@ class Broker:
                 self._finish(entry, status, reason, now)
         self._delayed.discard((msg.deliver_at, msg.seq, msg))
 
-    def _complete(self, msg: Message, now: float, counted: bool = True) -> None:
+    def _complete(self, msg: Message, topic: Topic, now: float, counted: bool = True) -> None:
         msg.finished_at = now
-        topic = self.topics[msg.topic]
         if counted:
             topic.live_count -= 1
             topic.live_bytes -= len(msg.data)
@@ -677,8 +747,8 @@ class Broker:
         retain = topic.cfg.retain_consumed_s
         if retain > 0 and self.cfg.retain_consumed_max > 0:
             self._retained.add(now + retain, retain, msg)
-        else:
-            self.messages.pop(msg.code, None)
+        elif self.messages.pop(msg.code, None) is not None:
+            msg.forget()
 
     # ------------------------------------------------------------ views
 

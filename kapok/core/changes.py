@@ -4,11 +4,15 @@ The broker emits these (when journaling is on) in the order it applied
 them. They are the single currency of durability: the WAL writes them, a
 slave replays them, and the analytics archive reads them. Replaying the same
 records into an empty broker rebuilds the same state (``Broker.apply``).
+
+Every record is built on the hot path (three per message: published,
+delivered, settled), hence ``@record``: frozen for the type checker, and
+three times cheaper to build than a run-time frozen dataclass.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from kapok.core.frozen import record
 
 __all__ = [
     "Change",
@@ -23,7 +27,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Published:
     seq: int
     code: str
@@ -40,14 +44,14 @@ class Published:
     groups: tuple[str, ...]  # durable groups the message was routed to
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class GroupCreated:
     topic: str
     group: str
     at: float
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Delivered:
     code: str
     topic: str
@@ -56,7 +60,7 @@ class Delivered:
     at: float
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Requeued:
     code: str
     topic: str
@@ -65,7 +69,7 @@ class Requeued:
     at: float
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Settled:
     """An entry reached a final status (consumed, dead, expired, dropped)."""
 
@@ -77,13 +81,13 @@ class Settled:
     at: float
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class MessageDeleted:
     code: str
     at: float
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Deduped:
     """A duplicate-filter entry (snapshots only: the WAL has it inside ``Published``)."""
 
@@ -93,7 +97,7 @@ class Deduped:
     at: float
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Checkpoint:
     """Heads a snapshot: the node's next message sequence number."""
 

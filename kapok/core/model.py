@@ -5,21 +5,29 @@ was routed to holds one ``Entry`` with that group's delivery state, so one
 subscriber's ack can never complete the message for another group (the
 KapokMQ pub/sub bug). The message is *finished* when no entry is open.
 
-These classes are plain slotted objects and not frozen: the broker mutates
-them in place on the hot path, and nothing outside ``kapok.core`` may.
+Memory is the constraint that shapes these classes: a node keeps a million
+queued messages, so every per-message object and field counts (about 500
+bytes per queued 100-byte message, payload and code included). They are
+slotted, hold no per-message dict, and share their strings (topic, key,
+producer id) with the broker's own objects; a message *is* the entry of its
+first group (almost every message has exactly one group), so a queued
+message is one object plus its code and payload. See ``Entry`` and
+``Message``.
+
+They are not frozen: the broker mutates them in place on the hot path, and
+nothing outside ``kapok.core`` may.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kapok.core.routing import KeyPattern
     from kapok.core.topics import Group
 
-__all__ = ["Consumer", "Entry", "Message", "Status", "make_code"]
+__all__ = ["Consumer", "Entry", "GroupEntry", "Message", "Status", "code_prefix", "code_seq", "make_code"]
 
 
 class Status(enum.Enum):
@@ -33,12 +41,11 @@ class Status(enum.Enum):
     EXPIRED = "expired"  # TTL passed before it was consumed
     DROPPED = "dropped"  # removed by the drop_oldest overflow policy
 
-    @property
-    def final(self) -> bool:
-        return self in _FINAL
-
-
-_FINAL = frozenset({Status.CONSUMED, Status.DEAD, Status.EXPIRED, Status.DROPPED})
+    def __init__(self, value: str) -> None:
+        # Plain attributes, read on the hot path: an enum's ``value`` is a
+        # descriptor and its hash a Python call, each 100 ns.
+        self.final = value in ("consumed", "dead", "expired", "dropped")
+        self.text = value
 
 
 def make_code(create_ms: int, node_id: int, seq: int) -> str:
@@ -48,26 +55,207 @@ def make_code(create_ms: int, node_id: int, seq: int) -> str:
     across the cluster (node ids differ) and across restarts (the sequence is
     restored by recovery), and sortable by creation time as plain strings.
     """
-    return f"{create_ms & 0xFFFFFFFFFFFF:012x}{node_id & 0xFFFFFFFF:08x}{seq & 0xFFFFFFFFFFFF:012x}"
+    return f"{code_prefix(create_ms, node_id)}{seq & 0xFFFFFFFFFFFF:012x}"
 
 
-@dataclass(slots=True, eq=False)
-class Message:
-    seq: int
-    code: str
-    topic: str
-    data: bytes
-    key: str = ""
-    priority: int = 0
-    create_time: float = 0.0  # unix seconds
-    deliver_at: float = 0.0  # create_time + delay
-    expire_at: float = 0.0  # 0 = no TTL
-    producer_id: str = ""
-    dedup_id: str = ""
-    headers: dict[str, str] | None = None
-    entries: dict[str, Entry] = field(default_factory=dict)  # group name -> state
-    open_entries: int = 0
-    finished_at: float = 0.0  # when the last entry became final; 0 while live
+def code_prefix(create_ms: int, node_id: int) -> str:
+    """The first 20 digits of ``make_code``: shared by a whole publish batch."""
+    return f"{create_ms & 0xFFFFFFFFFFFF:012x}{node_id & 0xFFFFFFFF:08x}"
+
+
+def code_seq(code: str) -> int | None:
+    """The sequence number inside a code made by ``make_code`` (None: not such a code)."""
+    if len(code) != 32:
+        return None
+    try:
+        return int(code[20:], 16)
+    except ValueError:
+        return None
+
+
+_SEQ_MASK = 0xFFFFFFFFFFFF
+_HEX2 = tuple(f"{i:02x}" for i in range(256))
+
+
+class CodeMaker:
+    """``make_code`` for consecutive sequence numbers, without formatting an int per message.
+
+    Formatting an int costs about as much as the rest of storing a message.
+    The codes of one publish batch share their first 30 digits (time, node,
+    and the sequence number but its last byte), so those are formatted once
+    per batch and per 256 messages, and the last two digits come from a table.
+    """
+
+    __slots__ = ("_head", "_high", "_prefix")
+
+    def __init__(self) -> None:
+        self._prefix = ""
+        self._high = -1
+        self._head = ""
+
+    def code(self, prefix: str, seq: int) -> str:
+        """``make_code`` of the ``prefix`` (``code_prefix``) and ``seq``."""
+        high = (seq & _SEQ_MASK) >> 8
+        if high != self._high or prefix is not self._prefix:
+            self._prefix = prefix
+            self._high = high
+            self._head = f"{prefix}{high:010x}"
+        return self._head + _HEX2[seq & 0xFF]
+
+
+class Entry:
+    """One message's state inside one group.
+
+    Two kinds: a ``Message`` is itself the entry of its first group (almost
+    every message has exactly one, and one object instead of two saves
+    memory, construction and garbage-collector work per message), and a
+    ``GroupEntry`` is the entry of each further group. ``msg`` leads from
+    either to the message.
+
+    ``deadline`` doubles as ``settled_at``: the ack deadline matters only in
+    flight, the settle time only once final, and a field less is 16 bytes
+    less per message (object sizes round up to 16).
+    """
+
+    __slots__ = (
+        "attempts",
+        "consumer",
+        "deadline",
+        "group",
+        "last_consumer_id",
+        "last_delivered_at",
+        "status",
+    )
+
+    def _start(self, group: Group, status: Status) -> None:
+        self.group = group
+        self.status = status
+        self.attempts = 0  # deliveries so far; never reset
+        self.last_delivered_at = 0.0
+        self.deadline = 0.0  # ack deadline while in flight, settle time once final
+        self.consumer: Consumer | None = None  # holder while in flight
+        self.last_consumer_id = 0  # avoided on redelivery after a timeout
+
+    @property
+    def msg(self) -> Message:
+        raise NotImplementedError
+
+    @property
+    def settled_at(self) -> float:
+        """When the entry became final (consumed, dead, expired, dropped); 0 before."""
+        return self.deadline if self.status.final else 0.0
+
+    @settled_at.setter
+    def settled_at(self, at: float) -> None:
+        self.deadline = at
+
+    def __repr__(self) -> str:
+        status = self.status.value
+        return f"Entry({self.msg.code}, group={self.group.name!r}, {status}, attempts={self.attempts})"
+
+
+class GroupEntry(Entry):
+    """The entry of a message in a group other than its first."""
+
+    __slots__ = ("msg",)
+
+    def __init__(self, msg: Message, group: Group, status: Status) -> None:
+        self.msg = msg  # type: ignore[misc]  # a slot where the base class has a read-only property
+        self._start(group, status)
+
+
+_NO_ENTRIES: tuple[GroupEntry, ...] = ()
+
+
+class Message(Entry):
+    """One published message, and its entry in its first group.
+
+    Memory per queued message is the budget this class is shaped by:
+
+    * it is the entry of its first group (see ``Entry``); entries of further
+      groups are in the ``more`` tuple;
+    * ``seq`` is read back from the code (``code_seq``) and stored only for
+      codes that do not carry it (KapokMQ imports): an int is 32 bytes;
+    * whether entries are still open is read from the entries themselves.
+
+    A message routed to no group at all still has an entry: in its topic's
+    ``no_group``, already dropped, never listed. When an anonymous
+    subscriber's group goes away, a message whose first group it was moves
+    its entry there too.
+    """
+
+    __slots__ = (
+        "_seq",
+        "code",
+        "create_time",
+        "data",
+        "dedup_id",
+        "deliver_at",
+        "expire_at",
+        "finished_at",
+        "headers",
+        "key",
+        "more",
+        "priority",
+        "producer_id",
+        "topic",
+    )
+
+    def __init__(
+        self,
+        seq: int,
+        code: str,
+        topic: str,
+        data: bytes,
+        key: str = "",
+        priority: int = 0,
+        create_time: float = 0.0,  # unix seconds
+        deliver_at: float = 0.0,  # create_time + delay
+        expire_at: float = 0.0,  # 0 = no TTL
+        producer_id: str = "",
+        dedup_id: str = "",
+        headers: dict[str, str] | None = None,
+        *,
+        group: Group,  # the first group (``Topic.no_group()`` when there is none)
+        status: Status,  # the message's state in that group
+        own_code: bool = False,  # ``code`` is ``make_code(..., seq)``: not checked again
+    ) -> None:
+        # Entry._start, inlined: this runs once per published message.
+        self.group = group
+        self.status = status
+        self.attempts = 0
+        self.last_delivered_at = 0.0
+        self.deadline = 0.0
+        self.consumer = None
+        self.last_consumer_id = 0
+        self._seq = None if (own_code and seq <= _SEQ_MASK) or code_seq(code) == seq else seq
+        self.code = code
+        self.topic = topic
+        self.data = data
+        self.key = key
+        self.priority = priority
+        self.create_time = create_time
+        self.deliver_at = deliver_at
+        self.expire_at = expire_at
+        self.producer_id = producer_id
+        self.dedup_id = dedup_id
+        self.headers = headers
+        self.more = _NO_ENTRIES  # entries in further groups, in routing order
+        self.finished_at = 0.0  # when the last entry became final; 0 while live
+
+    def __repr__(self) -> str:
+        return f"Message({self.code}, topic={self.topic!r}, open_entries={self.open_entries})"
+
+    @property
+    def msg(self) -> Message:
+        return self
+
+    @property
+    def seq(self) -> int:
+        seq = self._seq
+        if seq is None:
+            return int(self.code[20:], 16)
+        return seq
 
     @property
     def size(self) -> int:
@@ -83,40 +271,119 @@ class Message:
             return 1
         return 0 if self.deliver_at > now else -1
 
+    # ------------------------------------------------------------ entries
 
-@dataclass(slots=True, eq=False)
-class Entry:
-    """One message's state inside one group."""
+    def all_entries(self) -> tuple[Entry, ...]:
+        """The entries, one per group, in routing order."""
+        if self.group.unlisted:
+            return self.more
+        return (self, *self.more) if self.more else (self,)
 
-    msg: Message
-    group: Group
-    status: Status
-    attempts: int = 0  # deliveries so far; never reset
-    last_delivered_at: float = 0.0
-    finished_at: float = 0.0  # consumed / dead / expired time
-    deadline: float = 0.0  # ack deadline while in flight
-    consumer: Consumer | None = None  # holder while in flight
-    last_consumer_id: int = 0  # avoided on redelivery after a timeout
+    def add_entry(self, entry: GroupEntry) -> None:
+        self.more = (*self.more, entry)
+
+    def route(self, groups: tuple[Group, ...], status: Status) -> tuple[GroupEntry, ...]:
+        """Add an entry in each of ``groups`` (further groups: the first is the message's own)."""
+        self.more = tuple([GroupEntry(self, group, status) for group in groups])
+        return self.more
+
+    def entry(self, group: str) -> Entry | None:
+        for e in self.all_entries():
+            if e.group.name == group:
+                return e
+        return None
+
+    def remove_entry(self, group: str) -> Entry | None:
+        """Forget the entry of ``group``, a gone anonymous subscriber's group.
+
+        The message's own entry cannot leave it: it moves to the topic's
+        ``no_group``, where it is not listed.
+        """
+        if self.group.name == group:
+            self.group = self.group.topic.no_group()
+            return self
+        for e in self.more:
+            if e.group.name == group:
+                self.more = tuple(x for x in self.more if x is not e)
+                return e
+        return None
+
+    def forget(self) -> None:
+        """Drop the further entries of a message the broker no longer keeps.
+
+        Those point back to the message, so the two form a cycle that only
+        the garbage collector's full pass frees; cut it, and a finished
+        message is freed as soon as nothing refers to it.
+        """
+        self.more = _NO_ENTRIES
+
+    def settled(self) -> bool:
+        """No entry is open any more (the message is complete)."""
+        if not self.status.final:
+            return False
+        more = self.more
+        return not more or all(e.status.final for e in more)
+
+    @property
+    def open_entries(self) -> int:
+        return sum(1 for e in self.all_entries() if not e.status.final)
+
+    @property
+    def entries(self) -> dict[str, Entry]:
+        """Group name -> entry, a fresh dict (views and tests; the broker uses the fields)."""
+        return {e.group.name: e for e in self.all_entries()}
 
 
-@dataclass(slots=True, eq=False)
 class Consumer:
     """One subscription: a push consumer on a socket, or a group's pull lessee."""
 
-    id: int
-    group: Group
-    name: str  # the client's own id (KapokMQ consumerId), for the console
-    pattern: KeyPattern | None
-    prefetch: int
-    auto_ack: bool
-    weight: int = 1
-    ack_timeout_s: float = 60.0  # 0 = no deadline (auto-ack: the driver acks after the write)
-    is_pull: bool = False
-    since: float = 0.0
-    held: dict[str, Entry] = field(default_factory=dict)  # code -> entry, delivery order
-    current_weight: int = 0  # smooth weighted round-robin state
-    delivered: int = 0
-    acked: int = 0
+    __slots__ = (
+        "ack_timeout_s",
+        "acked",
+        "auto_ack",
+        "current_weight",
+        "delivered",
+        "group",
+        "held",
+        "id",
+        "is_pull",
+        "name",
+        "pattern",
+        "prefetch",
+        "since",
+        "weight",
+    )
+
+    def __init__(
+        self,
+        id: int,
+        group: Group,
+        name: str,  # the client's own id (KapokMQ consumerId), for the console
+        pattern: KeyPattern | None,
+        prefetch: int,
+        auto_ack: bool,
+        weight: int = 1,
+        ack_timeout_s: float = 60.0,  # 0 = no deadline (auto-ack: the driver acks after the write)
+        is_pull: bool = False,
+        since: float = 0.0,
+    ) -> None:
+        self.id = id
+        self.group = group
+        self.name = name
+        self.pattern = pattern
+        self.prefetch = prefetch
+        self.auto_ack = auto_ack
+        self.weight = weight
+        self.ack_timeout_s = ack_timeout_s
+        self.is_pull = is_pull
+        self.since = since
+        self.held: dict[str, Entry] = {}  # code -> entry, delivery order
+        self.current_weight = 0  # smooth weighted round-robin state
+        self.delivered = 0
+        self.acked = 0
+
+    def __repr__(self) -> str:
+        return f"Consumer({self.id}, group={self.group.name!r}, held={len(self.held)}/{self.prefetch})"
 
     @property
     def credit(self) -> int:

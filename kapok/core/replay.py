@@ -18,11 +18,12 @@ the state at the end of the WAL.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 
 from kapok.core import changes as ch
 from kapok.core.broker import Broker
-from kapok.core.model import Entry, Message, Status
+from kapok.core.model import Entry, GroupEntry, Message, Status
 
 __all__ = ["apply", "finish_recovery", "state_records"]
 
@@ -37,19 +38,22 @@ def apply(broker: Broker, record: ch.Change) -> None:
         if record.code in messages:
             return
         topic = broker.topics.get(record.topic) or broker._make_topic(record.topic)
-        # Names come from the broker's own objects, so a million recovered messages
-        # share one topic string instead of holding a copy each.
+        # Decoded records hold fresh objects per message. Names come from the
+        # broker's own objects or are interned, and equal times are one float,
+        # so a million recovered messages do not hold a copy of each.
+        create_time = record.create_time
+        deliver_at = create_time if record.deliver_at == create_time else record.deliver_at
+        groups = [broker._group(topic, name, durable=True, now=create_time) for name in record.groups]
         msg = Message(
-            record.seq, record.code, topic.name, record.data, record.key, record.priority,
-            record.create_time, record.deliver_at, record.expire_at, record.producer_id,
-            record.dedup_id, record.headers,
+            record.seq, record.code, topic.name, record.data, _shared(record.key), record.priority,
+            create_time, deliver_at, record.expire_at, _shared(record.producer_id), record.dedup_id,
+            record.headers, group=groups[0] if groups else topic.no_group(),
+            status=Status.READY if groups else Status.DROPPED,
         )  # fmt: skip
-        for name in record.groups:
-            group = broker._group(topic, name, durable=True, now=record.create_time)
-            msg.entries[group.name] = Entry(msg, group, Status.READY)
-        msg.open_entries = len(msg.entries)
-        if not msg.entries:
-            msg.finished_at = record.create_time
+        for group in groups[1:]:
+            msg.add_entry(GroupEntry(msg, group, Status.READY))
+        if not groups:
+            msg.finished_at = create_time
         messages[record.code] = msg
     elif isinstance(record, ch.Delivered):
         entry = _entry(broker, record.code, record.group)
@@ -60,10 +64,9 @@ def apply(broker: Broker, record: ch.Change) -> None:
         entry = _entry(broker, record.code, record.group)
         if entry is not None and not entry.status.final:
             entry.status = Status(record.status)
-            entry.finished_at = record.at
+            entry.settled_at = record.at
             msg = entry.msg
-            msg.open_entries -= 1
-            if not msg.open_entries:
+            if msg.settled():
                 msg.finished_at = record.at
     elif isinstance(record, ch.MessageDeleted):
         messages.pop(record.code, None)
@@ -80,7 +83,11 @@ def apply(broker: Broker, record: ch.Change) -> None:
 
 def _entry(broker: Broker, code: str, group: str) -> Entry | None:
     msg = broker.messages.get(code)
-    return msg.entries.get(group) if msg is not None else None
+    return msg.entry(group) if msg is not None else None
+
+
+def _shared(name: str) -> str:
+    return sys.intern(name) if name else ""
 
 
 def finish_recovery(broker: Broker, now: float) -> int:
@@ -98,14 +105,15 @@ def finish_recovery(broker: Broker, now: float) -> int:
             continue
         topic.live_count += 1
         topic.live_bytes += len(msg.data)
-        topic.order.append(msg)
+        if topic.order is not None:
+            topic.order.append(msg)
         if msg.expire_at:
             broker._expiring.add((msg.expire_at, msg.seq, msg))
         delayed = msg.deliver_at > now
         if delayed:
             broker._delayed.add((msg.deliver_at, msg.seq, msg))
         limit = topic.cfg.max_deliveries
-        for entry in list(msg.entries.values()):
+        for entry in msg.all_entries():
             if entry.status.final:
                 continue
             if entry.attempts:
@@ -134,7 +142,7 @@ def state_records(broker: Broker, now: float) -> Iterator[ch.Change]:
     for msg in list(broker.messages.values()):
         if broker.messages.get(msg.code) is not msg:
             continue  # deleted or purged since the walk began
-        durable = [e for e in msg.entries.values() if e.group.durable]
+        durable = [e for e in msg.all_entries() if e.group.durable]
         yield ch.Published(
             msg.seq, msg.code, msg.topic, msg.data, msg.key, msg.priority, msg.create_time, msg.deliver_at,
             msg.expire_at, msg.producer_id, msg.dedup_id, msg.headers, tuple(e.group.name for e in durable),
@@ -143,4 +151,4 @@ def state_records(broker: Broker, now: float) -> Iterator[ch.Change]:
             if e.attempts:
                 yield ch.Delivered(msg.code, msg.topic, e.group.name, e.attempts, e.last_delivered_at)
             if e.status.final:
-                yield ch.Settled(msg.code, msg.topic, e.group.name, e.status.value, "snapshot", e.finished_at)
+                yield ch.Settled(msg.code, msg.topic, e.group.name, e.status.value, "snapshot", e.settled_at)

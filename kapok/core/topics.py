@@ -53,6 +53,7 @@ class Group:
         "ready",
         "ready_count",
         "topic",
+        "unlisted",
         "waiters",
     )
 
@@ -60,8 +61,11 @@ class Group:
         self.topic = topic
         self.name = name
         self.durable = durable
-        self.ready: list[deque[Entry]] = [deque() for _ in range(PRIORITIES)]
-        self.parked: deque[Entry] = deque()
+        self.unlisted = False  # a topic's no_group: a message's entry there is not listed
+        # One FIFO per priority, made on first use: an empty deque costs 600
+        # bytes, and most groups only ever see priority 0.
+        self.ready: list[deque[Entry] | None] = [None] * PRIORITIES
+        self.parked: list[Entry] = []  # a list: an empty deque is 600 bytes, per group
         self.ready_count = 0  # READY entries in ``ready`` and ``parked``
         self.consumers: list[Consumer] = []
         self.pull: Consumer | None = None  # lessee of HTTP pull requests
@@ -69,10 +73,20 @@ class Group:
         self._rr = 0
         self._weighted = False
 
+    def queue(self, priority: int) -> deque[Entry]:
+        queue = self.ready[priority]
+        if queue is None:
+            queue = self.ready[priority] = deque()
+        return queue
+
+    def queues(self) -> Iterator[deque[Entry]]:
+        """The priority FIFOs made so far, highest priority first."""
+        return (q for q in reversed(self.ready) if q is not None)
+
     def push_ready(self, entry: Entry, front: bool = False) -> None:
         entry.status = Status.READY
         entry.consumer = None
-        queue = self.ready[entry.msg.priority]
+        queue = self.ready[entry.msg.priority] or self.queue(entry.msg.priority)
         if front:
             queue.appendleft(entry)
         else:
@@ -91,7 +105,7 @@ class Group:
         while self.parked:
             entry = self.parked.pop()
             if entry.status is Status.READY:
-                self.ready[entry.msg.priority].appendleft(entry)
+                self.queue(entry.msg.priority).appendleft(entry)
 
     def consumer_count(self) -> int:
         """Subscribed consumers (the pull lessee is not one)."""
@@ -106,17 +120,31 @@ class Group:
         Delivery uses up credit, so the caller must apply each pair before
         asking for the next one.
         """
-        if not self.consumers or not self.ready_count:
+        consumers = self.consumers
+        if not consumers or not self.ready_count:
+            return
+        ready = Status.READY
+        if len(consumers) == 1 and consumers[0].pattern is None:
+            # One consumer that takes every key (the common case): no choice
+            # to make, nothing to park or skip; FIFO until its credit is used.
+            c = consumers[0]
+            for queue in reversed(self.ready):
+                while queue and c.prefetch > len(c.held):
+                    entry = queue.popleft()
+                    if entry.status is ready:
+                        self.ready_count -= 1
+                        yield entry, c
             return
         skipped: list[tuple[deque[Entry], Entry]] = []
+        pick = self._pick
         try:
             for queue in reversed(self.ready):
                 while queue:
                     entry = queue[0]
-                    if entry.status is not Status.READY:
+                    if entry.status is not ready:
                         queue.popleft()
                         continue
-                    consumer = self._pick(entry)
+                    consumer = pick(entry)
                     if consumer is None:
                         if not self._has_credit():
                             return
@@ -145,16 +173,22 @@ class Group:
 
     def _pick(self, entry: Entry) -> Consumer | None:
         consumers = self.consumers
-        key = entry.msg.key
         avoid = entry.last_consumer_id
         n = len(consumers)
+        if n == 1:  # the common case, without the round-robin arithmetic
+            c = consumers[0]
+            if c.prefetch > len(c.held) and (c.pattern is None or c.pattern.matches(entry.msg.key)):
+                return c
+            return None
+        key = entry.msg.key
         if not self._weighted:
             fallback = -1
+            rr = self._rr
             for i in range(n):
-                idx = (self._rr + i) % n
+                idx = (rr + i) % n
                 c = consumers[idx]
-                if c.credit > 0 and c.accepts(key):
-                    if c.id == avoid and n > 1:
+                if c.prefetch > len(c.held) and (c.pattern is None or c.pattern.matches(key)):
+                    if c.id == avoid:
                         fallback = idx
                         continue
                     self._rr = idx + 1
@@ -183,7 +217,18 @@ class Group:
 
 
 class Topic:
-    __slots__ = ("_durable", "cfg", "delayed_count", "groups", "live_bytes", "live_count", "name", "order")
+    __slots__ = (
+        "_no_group",
+        "cfg",
+        "delayed_count",
+        "durable",
+        "group_list",
+        "groups",
+        "live_bytes",
+        "live_count",
+        "name",
+        "order",
+    )
 
     def __init__(self, name: str, cfg: TopicConfig) -> None:
         self.name = name
@@ -192,19 +237,25 @@ class Topic:
         self.live_count = 0  # messages not yet finished
         self.live_bytes = 0
         self.delayed_count = 0
-        # Publish order, for drop_oldest; finished messages are skipped lazily
-        # and the deque is compacted when mostly stale.
-        self.order: deque[Message] = deque()
-        self._durable: tuple[str, ...] | None = None  # cache of durable_names()
+        # Publish order, kept only for drop_oldest (other topics never read it,
+        # and it would pin every message ever published); finished messages are
+        # skipped lazily and the deque is compacted when mostly stale.
+        self.order: deque[Message] | None = deque() if cfg.overflow == "drop_oldest" else None
+        # Read per published message, so kept up to date rather than computed:
+        self.group_list: tuple[Group, ...] = ()  # every group, in creation order
+        self.durable: tuple[str, ...] = ()  # names of the durable groups (recorded with a publish)
+        self._no_group: Group | None = None
 
-    def durable_names(self) -> tuple[str, ...]:
-        """Names of the durable groups (recorded with every publish); cached until groups change."""
-        if self._durable is None:
-            self._durable = tuple(name for name, g in self.groups.items() if g.durable)
-        return self._durable
+    def no_group(self) -> Group:
+        """Where the entry of a message routed to no group points (see ``Message``); never listed."""
+        if self._no_group is None:
+            self._no_group = Group(self, "", durable=False)
+            self._no_group.unlisted = True
+        return self._no_group
 
     def groups_changed(self) -> None:
-        self._durable = None
+        self.group_list = tuple(self.groups.values())
+        self.durable = tuple(name for name, g in self.groups.items() if g.durable)
 
     @property
     def is_dlq(self) -> bool:
@@ -212,10 +263,12 @@ class Topic:
 
     def oldest_live(self) -> Message | None:
         order = self.order
+        if order is None:
+            return None
         while order and not order[0].live:
             order.popleft()
         return order[0] if order else None
 
     def compact_order(self) -> None:
-        if len(self.order) > 2 * self.live_count + 1024:
+        if self.order is not None and len(self.order) > 2 * self.live_count + 1024:
             self.order = deque(m for m in self.order if m.live)

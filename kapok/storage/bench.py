@@ -90,7 +90,7 @@ def _census(broker: Broker) -> dict[str, int]:
     for msg in broker.messages.values():
         if msg.live:
             counts["live"] += 1
-        for entry in msg.entries.values():
+        for entry in msg.all_entries():
             status = entry.status
             # In flight before a restart is ready after it: compare them as one.
             key = "ready" if status in (Status.READY, Status.INFLIGHT) else status.value

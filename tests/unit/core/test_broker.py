@@ -17,7 +17,7 @@ import pytest
 from kapok.config import Config, FrozenMap, MqConfig, TopicOverride
 from kapok.core import changes as ch
 from kapok.core.broker import Broker, Draft
-from kapok.core.model import Consumer, Entry, Message, Status, make_code
+from kapok.core.model import CodeMaker, Consumer, Entry, Message, Status, code_prefix, code_seq, make_code
 from kapok.core.topics import DEFAULT_GROUP, Group
 from kapok.errors import (
     BadRequestError,
@@ -177,6 +177,25 @@ def test_pubsub_without_subscribers_completes_unrouted() -> None:
     # a subscriber joining afterwards does not get it
     s = b.subscribe(PUBSUB, now=T0 + 1)
     assert pushed_to(b, s) == []
+
+
+def test_pubsub_settled_entry_outlives_its_subscriber() -> None:
+    """The message is its first group's entry; when that group goes, a final entry stays listed."""
+    b = make()
+    s1 = b.subscribe(PUBSUB, now=T0)
+    s2 = b.subscribe(PUBSUB, now=T0)
+    code = pub(b, PUBSUB)
+    pushed(b)
+    b.nack(s1.id, [code], False, T0 + 1)  # s1's copy is dead-lettered
+    b.unsubscribe(s1.id, T0 + 2)
+    msg = b.messages[code]
+    assert {g: e.status for g, e in msg.entries.items()} == {
+        f"~{s1.id}": Status.DEAD,
+        f"~{s2.id}": Status.INFLIGHT,
+    }
+    b.unsubscribe(s2.id, T0 + 3)  # s2's open copy goes with it
+    assert list(msg.entries) == [f"~{s1.id}"]
+    assert not msg.live
 
 
 def test_pubsub_subscriber_leaving_drops_only_its_copies() -> None:
@@ -507,7 +526,7 @@ def test_same_instant_deadline_times_out_once(how: str) -> None:
     assert entry(b, code).attempts == attempts + 1
     group = group_of(b, "jobs")
     assert group.ready_count == 0  # got 1: a phantom READY entry
-    assert sum(len(q) for q in group.ready) == 0
+    assert sum(len(q) for q in group.queues()) == 0
 
 
 def test_same_instant_deadline_dead_letters_once() -> None:
@@ -520,6 +539,22 @@ def test_same_instant_deadline_dead_letters_once() -> None:
     assert b.messages[code].open_entries == 0
     assert len(dlq_messages(b, "jobs")) == 1
     assert b.stats.dead_lettered == 1
+
+
+def test_acked_deliveries_leave_the_deadline_queues() -> None:
+    """Acks drop the settled heads of the deadline FIFOs: they do not pin messages for a whole ack timeout."""
+    b = make(retain_consumed_s=0)
+    a = b.subscribe("jobs", now=T0, prefetch=10)
+    codes = pub_many(b, "jobs", 10)
+    pushed(b)
+    assert len(b._deadlines) == 10
+    b.ack(a.id, codes[:4], T0 + 1)
+    assert len(b._deadlines) == 6
+    b.ack(a.id, codes[6:], T0 + 1)  # out of order: behind a live head, pruned later
+    assert len(b._deadlines) == 6
+    b.ack(a.id, codes[4:6], T0 + 1)
+    assert len(b._deadlines) == 0
+    assert b.next_deadline() is None
 
 
 # ====================================================================== disconnect
@@ -593,7 +628,7 @@ def test_nack_reject_dead_letters_with_headers() -> None:
     assert b.nack(a.id, [code], False, T0 + 1) == []
     e = entry(b, code)
     assert e.status is Status.DEAD
-    assert e.finished_at == T0 + 1
+    assert e.settled_at == T0 + 1
     assert not b.messages[code].live
     assert b.topics["jobs"].live_count == 0
     [dead] = dlq_messages(b, "jobs")
@@ -1184,6 +1219,27 @@ def test_first_seq_is_used() -> None:
     code = pub(b, "t")
     assert b.messages[code].seq == 1000
     assert code.endswith(f"{1000:012x}")
+
+
+@pytest.mark.parametrize("first", [1, 250, 2**48 - 3])
+def test_code_maker_matches_make_code(first: int) -> None:
+    """The broker's incremental codes are ``make_code``'s, across 256-message and batch boundaries."""
+    maker = CodeMaker()
+    for create_ms, node_id in [(1, 2), (1, 2), (2**48 + 7, 2**32 + 5), (1_700_000_000_123, 9)]:
+        prefix = code_prefix(create_ms, node_id)
+        for seq in range(first, first + 600):
+            assert maker.code(prefix, seq) == make_code(create_ms, node_id, seq)
+
+
+def test_seq_is_read_back_from_the_code_or_stored() -> None:
+    b = Broker(mq(), first_seq=2**40)
+    msg = b.messages[pub(b, "t")]
+    assert msg.seq == 2**40
+    assert code_seq(msg.code) == 2**40
+    group = b.topics["t"].groups[DEFAULT_GROUP]
+    foreign = Message(7, "not-a-kapok-code", "t", b"", group=group, status=Status.READY)
+    assert foreign.seq == 7  # an imported KapokMQ code does not carry it
+    assert code_seq(foreign.code) is None
 
 
 # ====================================================================== journal

@@ -374,7 +374,7 @@ class BrokerMachine(RuleBasedStateMachine):
                 ]
                 assert group.ready_count == len(ready)
                 queued: Counter[int] = Counter()
-                for q in [*group.ready, group.parked]:
+                for q in [*group.queues(), group.parked]:
                     for e in q:
                         assert e.status is Status.READY or e.status.final, f"queued while {e.status}"
                         queued[id(e)] += 1
