@@ -31,6 +31,7 @@ def test_s3_formation() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # minutes of simulated time; a loaded CI box must not hit the default 120 s
 def test_s4_no_false_deaths_at_ten_percent_loss() -> None:
     result = SCENARIOS["S4"](Params(n=N, seeds=1, duration_s=120.0, quick=True))
     check(result)
@@ -42,11 +43,13 @@ def test_s4_no_false_deaths_at_ten_percent_loss() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # minutes of simulated time; a loaded CI box must not hit the default 120 s
 def test_s5_slow_nodes_lifeguard_vs_plain() -> None:
     check(SCENARIOS["S5"](Params(n=N, seeds=1, quick=True)))
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # minutes of simulated time; a loaded CI box must not hit the default 120 s
 def test_s6_partition_heals() -> None:
     check(SCENARIOS["S6"](Params(n=N, seeds=1)))
 
