@@ -31,6 +31,7 @@ import itertools
 import logging
 import os
 import threading
+import zlib
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,7 +40,7 @@ from pathlib import Path
 
 from kapok.core.changes import Change
 from kapok.errors import StorageError
-from kapok.storage.records import encode_payload, frame
+from kapok.storage.records import HEADER, encode_payload
 
 __all__ = ["Segment", "WriteAheadLog", "list_segments"]
 
@@ -239,13 +240,18 @@ class WriteAheadLog:
             if self._file is None or batch.new_segment or self._file_size >= self.segment_max_bytes:
                 self._open_segment(batch.first_lsn)
             assert self._file is not None
-            data = frame(batch.payload)
-            view = memoryview(data)
-            while view:
-                written = os.write(self._file, view)
-                view = view[written:]
-            self._file_size += len(data)
-            self.bytes_written += len(data)
+            # Header and payload in one writev: no copy of a possibly large payload.
+            payload = batch.payload
+            header = HEADER.pack(len(payload), zlib.crc32(payload))
+            size = len(header) + len(payload)
+            written = os.writev(self._file, (header, payload))
+            if written < size:  # short write: the rest the plain way
+                rest = memoryview(header + payload)[written:]
+                while rest:
+                    rest = rest[os.write(self._file, rest) :]
+            batch.payload = b""  # let go of it now, not when the whole list goes
+            self._file_size += size
+            self.bytes_written += size
             self._dirty = True
         if sync:
             self._sync()
