@@ -567,6 +567,11 @@ def validate_config(config: Config) -> None:
         cluster.swim()
     except ValueError as exc:
         raise ConfigError(f"cluster.tuning: {exc}") from None
+    if cluster.enabled and not cluster.advertise and cluster.bind.rpartition(":")[0] in ("0.0.0.0", "[::]"):
+        raise ConfigError(
+            f"cluster.advertise: required when cluster.bind is a wildcard address ({cluster.bind!r}): "
+            "set the host:port the other nodes reach this one at"
+        )
     if cluster.enabled and not cluster.secret and not is_loopback(cluster.bind.rpartition(":")[0]):
         raise ConfigError(
             f"cluster.secret: refusing to start: cluster.bind {cluster.bind!r} is not a loopback "

@@ -491,10 +491,18 @@ def test_exposed_node_with_real_key_starts() -> None:
     assert load("server.host=0.0.0.0", "mq.secret_key=s3cr3t-xyz").server.host == "0.0.0.0"
 
 
+def test_wildcard_gossip_bind_needs_an_advertised_address() -> None:
+    message = error_of("cluster.enabled=true", "cluster.bind=0.0.0.0:8021", "cluster.secret=k")
+    assert message.startswith("cluster.advertise: required when cluster.bind is a wildcard address")
+    sets = ("cluster.enabled=true", "cluster.bind=[::]:8021", "cluster.secret=k")
+    sets += ("cluster.advertise=10.0.0.1:8021",)
+    assert load(*sets).cluster.advertise == "10.0.0.1:8021"
+
+
 def test_exposed_gossip_needs_a_cluster_secret() -> None:
-    message = error_of("cluster.enabled=true", "cluster.bind=0.0.0.0:8021")
+    message = error_of("cluster.enabled=true", "cluster.bind=10.0.0.1:8021")
     assert message.startswith("cluster.secret: refusing to start")
-    assert load("cluster.enabled=true", "cluster.bind=0.0.0.0:8021", "cluster.secret=k").cluster.enabled
+    assert load("cluster.enabled=true", "cluster.bind=10.0.0.1:8021", "cluster.secret=k").cluster.enabled
     assert load("cluster.enabled=true").cluster.secret == ()  # loopback gossip: fine
 
 
