@@ -8,8 +8,11 @@ single writer thread, which writes them and (with ``fsync: always``) fsyncs
 once for all of them: group commit, one fsync per loop turn's worth of
 records or more, never one per message. The future completes only after
 that, so a producer's ack always follows the write that makes its message
-durable; only then are the records handed to ``on_written`` (the archive),
-on a thread of its own, so that analytics never delay an ack. Policies:
+durable; only then are the records queued for ``on_written`` (the archive),
+which gets everything queued on a thread of its own every ``ARCHIVE_DELAY_S``
+(or once ``ARCHIVE_BATCH_RECORDS`` wait), so that analytics never delay an
+ack and wake that thread seldom; ``aclose`` hands over what is still queued.
+Policies:
 
 * ``always``: acks wait for write + fsync (survives power loss);
 * ``interval``: acks wait for the write (survives a process crash); a timer
@@ -48,6 +51,10 @@ log = logging.getLogger("kapok.storage")
 
 PREFIX, SUFFIX = "wal-", ".log"
 ARCHIVE_BACKLOG = 8  # batches of records waiting for the archive thread before the flusher waits
+# Written records are handed to the archive thread in batches, at most this often or once
+# this many have gathered: one wake-up of that thread per batch, not one per WAL write.
+ARCHIVE_DELAY_S = 0.025
+ARCHIVE_BATCH_RECORDS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +99,7 @@ class WriteAheadLog:
         interval_ms: int,
         segment_max_bytes: int,
         fsync: Callable[[int], None] = os.fsync,
-        # Runs on a thread of its own with every batch of records once they are written.
+        # Runs on a thread of its own with the written records, in order, in batches.
         on_written: Callable[[Sequence[Change]], None] | None = None,
     ) -> None:
         self.directory = directory
@@ -122,6 +129,8 @@ class WriteAheadLog:
         self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kapok-wal-sync")
         self._archiver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kapok-archive")
         self._archiving: deque[Future[None]] = deque()
+        self._archive_queue: list[Change] = []  # written, not yet handed to the archive thread
+        self._archive_timer: asyncio.TimerHandle | None = None
         self._file_lock = threading.Lock()  # guards _file and _dirty between the two threads
         self._tasks: list[asyncio.Task[None]] = []
         self.failed: StorageError | None = None
@@ -143,6 +152,7 @@ class WriteAheadLog:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self._submit_archive()  # whatever is still queued: a clean shutdown archives it all
         await asyncio.get_running_loop().run_in_executor(self._thread, self._close_file)
         self._thread.shutdown(wait=True)
         self._syncer.shutdown(wait=True)
@@ -188,12 +198,6 @@ class WriteAheadLog:
                 batches, self._batches = self._batches, []
                 waiter, self._pending = self._pending, None
                 self._inflight = waiter
-                # The archive wants the records in order; flattened only when it is on.
-                changes: list[Change] = []
-                if self._on_written is not None:
-                    changes = (
-                        batches[0].changes if len(batches) == 1 else [c for b in batches for c in b.changes]
-                    )
                 try:
                     encoded = [
                         _Encoded(b.first_lsn, encode_payload(b.changes), b.new_segment) for b in batches
@@ -211,20 +215,38 @@ class WriteAheadLog:
                 self._inflight = None
                 if waiter is not None and not waiter.done():
                     waiter.set_result(None)
-                if changes:
-                    await self._hand_to_archive(changes)
+                if self._on_written is not None:
+                    await self._hand_to_archive(batches)
 
-    async def _hand_to_archive(self, changes: list[Change]) -> None:
+    async def _hand_to_archive(self, batches: list[_Batch]) -> None:
         # After the acks, not before them, and on a thread of its own: the archive is an
         # analytics feed, so building its lines must delay neither confirmations nor the
-        # next write. One thread keeps the batches in log order; at most a few batches
-        # wait for it, after which the flusher waits too (backpressure, bounded memory).
+        # next write. Records gather here (in log order) and go to the thread every
+        # ARCHIVE_DELAY_S or once ARCHIVE_BATCH_RECORDS wait. One thread keeps the batches
+        # in order; at most a few batches wait for it, after which the flusher waits too
+        # (backpressure, bounded memory). Queued first, so a cancelled wait loses nothing.
+        queue = self._archive_queue
+        for batch in batches:
+            queue.extend(batch.changes)
         archiving = self._archiving
         while archiving and archiving[0].done():
             archiving.popleft()
         if len(archiving) >= ARCHIVE_BACKLOG:
             await asyncio.wrap_future(archiving.popleft())
-        archiving.append(self._archiver.submit(self._archive, changes))
+        if len(self._archive_queue) >= ARCHIVE_BATCH_RECORDS:
+            self._submit_archive()
+        elif self._archive_queue and self._archive_timer is None:
+            assert self._loop is not None
+            self._archive_timer = self._loop.call_later(ARCHIVE_DELAY_S, self._submit_archive)
+
+    def _submit_archive(self) -> None:
+        """Hand every queued record to the archive thread now (on the event loop)."""
+        if self._archive_timer is not None:
+            self._archive_timer.cancel()
+            self._archive_timer = None
+        if self._archive_queue:
+            changes, self._archive_queue = self._archive_queue, []
+            self._archiving.append(self._archiver.submit(self._archive, changes))
 
     async def _interval_syncer(self) -> None:
         loop = asyncio.get_running_loop()

@@ -1,0 +1,124 @@
+"""The WAL's hand-offs (``kapok.storage.wal``).
+
+Written records reach ``on_written`` (the archive) in order, in a few batches
+gathered over time rather than one call per write, and a clean close hands
+over whatever is still queued, while the log keeps every record in append
+order, across segment rotations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from kapok.core.changes import Change, GroupCreated
+from kapok.storage import wal as wal_module
+from kapok.storage.records import FrameReader
+from kapok.storage.wal import WriteAheadLog, list_segments
+
+
+def _records(n: int, start: int = 0) -> list[Change]:
+    return [GroupCreated("t", f"g{i}", float(i)) for i in range(start, start + n)]
+
+
+def _read_log(directory: Path) -> list[Change]:
+    found: list[Change] = []
+    for segment in list_segments(directory):
+        reader = FrameReader(segment.path.read_bytes())
+        found.extend(reader)
+        assert reader.problem is None
+    return found
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.calls: list[list[Change]] = []
+        self.threads: set[str] = set()
+
+    def __call__(self, changes: Sequence[Change]) -> None:
+        self.calls.append(list(changes))
+        self.threads.add(threading.current_thread().name)
+
+
+@pytest.mark.parametrize("policy", ["always", "interval", "never"])
+async def test_archive_gets_every_record_in_order_in_few_batches(tmp_path: Path, policy: str) -> None:
+    recorder = _Recorder()
+    wal = WriteAheadLog(
+        tmp_path, policy=policy, interval_ms=10, segment_max_bytes=1 << 20, on_written=recorder
+    )
+    wal.start(0)
+    appended: list[Change] = []
+    for i in range(40):  # every one its own write: awaited before the next
+        records = _records(3, 3 * i)
+        appended.extend(records)
+        await wal.append(records)
+    await wal.aclose()  # nothing waited out the delay: close hands over the rest
+    assert [c for call in recorder.calls for c in call] == appended
+    assert 1 <= len(recorder.calls) < 10
+    assert all(name.startswith("kapok-archive") for name in recorder.threads)
+    assert _read_log(tmp_path) == appended
+
+
+async def test_archive_batches_go_out_after_the_delay_without_a_close(tmp_path: Path) -> None:
+    recorder = _Recorder()
+    wal = WriteAheadLog(
+        tmp_path, policy="interval", interval_ms=1000, segment_max_bytes=1 << 20, on_written=recorder
+    )
+    wal.start(0)
+    try:
+        await wal.append(_records(2))
+        await wal.append(_records(2, 2))
+        for _ in range(200):
+            if recorder.calls:
+                break
+            await asyncio.sleep(0.01)
+        assert recorder.calls == [_records(4)]
+    finally:
+        await wal.aclose()
+
+
+async def test_archive_batches_are_bounded_in_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wal_module, "ARCHIVE_BATCH_RECORDS", 10)
+    monkeypatch.setattr(wal_module, "ARCHIVE_DELAY_S", 60.0)
+    recorder = _Recorder()
+    wal = WriteAheadLog(
+        tmp_path, policy="never", interval_ms=1000, segment_max_bytes=1 << 20, on_written=recorder
+    )
+    wal.start(0)
+    try:
+        for i in range(5):
+            await wal.append(_records(4, 4 * i))
+        for _ in range(200):  # 20 records so far: two batches due, not waiting for the delay
+            if sum(map(len, recorder.calls)) >= 12:
+                break
+            await asyncio.sleep(0.01)
+        assert [len(call) for call in recorder.calls] == [12]
+    finally:
+        await wal.aclose()
+    assert [c for call in recorder.calls for c in call] == _records(20)
+
+
+@pytest.mark.parametrize("policy", ["always", "interval", "never"])
+async def test_concurrent_appends_keep_the_log_in_order_across_segments(tmp_path: Path, policy: str) -> None:
+    wal = WriteAheadLog(tmp_path, policy=policy, interval_ms=5, segment_max_bytes=200)
+    wal.start(0)
+    appended: list[Change] = []
+    futures = []
+    for i in range(60):
+        records = _records(1 + (i % 7) * 3, len(appended))
+        appended.extend(records)
+        futures.append(wal.append(records))
+        if i % 10 == 9:
+            await futures[-1]  # a write in between: later appends queue while it runs
+        elif i % 2 == 0:
+            await asyncio.sleep(0)
+        if i == 30:
+            wal.cut()
+    await asyncio.gather(*futures)
+    await wal.aclose()
+    assert len(list_segments(tmp_path)) > 2
+    assert _read_log(tmp_path) == appended
