@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from kapok import __version__
 from kapok.cluster.messages import NodeMeta, NodeState, State
-from kapok.cluster.node import GossipNode, split_addr
+from kapok.cluster.node import GossipNode, format_addr, split_addr
 from kapok.server.keys import GOSSIP, REGISTRY, SERVICE
 from kapok.server.responses import json_response
 from kapok.server.service import BrokerService
@@ -50,19 +50,22 @@ def _reachable_http_url(service: BrokerService) -> str:
     if host in ("0.0.0.0", "::", ""):
         cluster = service.config.cluster
         host = split_addr(cluster.advertise or cluster.bind)[0]
-        return f"http://{f'[{host}]' if ':' in host else host}:{service.http_port}"
+        return f"http://{format_addr(host, service.http_port)}"
     return service.http_url
 
 
-def _self_row(service: BrokerService) -> NodeState:
-    return NodeState(service.node_name, "", 0, State.ALIVE, node_meta(service))
+def _members(app: web.Application) -> list[NodeState]:
+    """The gossip view, or without clustering this node alone in the same shape."""
+    gossip = app.get(GOSSIP)
+    if gossip is not None:
+        return gossip.members()
+    service = app[SERVICE]
+    return [NodeState(service.node_name, "", 0, State.ALIVE, node_meta(service))]
 
 
 def member_rows(app: web.Application) -> list[dict[str, Any]]:
     """``GET /cluster/nodes``: every member this node knows, itself included."""
     service = app[SERVICE]
-    gossip = app.get(GOSSIP)
-    states = gossip.members() if gossip is not None else [_self_row(service)]
     return [
         {
             "name": m.name,
@@ -77,25 +80,22 @@ def member_rows(app: web.Application) -> list[dict[str, Any]]:
             "load": m.meta.load,
             "self": m.name == service.node_name,
         }
-        for m in states
+        for m in _members(app)
     ]
 
 
 def compat_nodes(app: web.Application, *, masters_only: bool) -> list[dict[str, str]]:
     """Live members in Serena's registry format, ``{"Name": "mq:host:port", "Addr", "Port"}``
     with the *HTTP* address, which is what the KapokMQ cluster producer connects to."""
-    service = app[SERVICE]
-    gossip = app.get(GOSSIP)
-    states = gossip.members() if gossip is not None else [_self_row(service)]
     out = []
-    for m in states:
+    for m in _members(app):
         if m.state not in _LIVE or (masters_only and m.meta.role != "master"):
             continue
         url = urlsplit(m.meta.http_url)
         if url.hostname is None or url.port is None:
             continue
-        host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
-        out.append({"Name": f"mq:{host}:{url.port}", "Addr": url.hostname, "Port": str(url.port)})
+        name = "mq:" + format_addr(url.hostname, url.port)
+        out.append({"Name": name, "Addr": url.hostname, "Port": str(url.port)})
     return out
 
 

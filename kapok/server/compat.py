@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Generic, TypeVar
 
 import orjson
 from aiohttp import WSMsgType, web
@@ -29,6 +30,8 @@ from kapok.server.wsbase import open_ws
 
 __all__ = ["routes"]
 
+T = TypeVar("T")
+
 log = logging.getLogger("kapok.server")
 routes = web.RouteTableDef()
 
@@ -43,32 +46,49 @@ def _client_ip(request: web.Request) -> str:
     return request.remote or ""
 
 
-class _Publisher:
-    """Publishes the frames a producer socket delivered in one event-loop turn as one batch.
+class _TurnBatch(Generic[T]):
+    """Collects what a socket delivered in one event-loop turn and handles it as one batch.
 
-    KapokMQ clients send one frame per message, and a frame at a time the broker,
-    the WAL and the reply path would each pay their fixed cost per message. Frames
-    that arrive together are parsed without yielding to the loop, so ``add`` only
-    collects them and a ``call_soon`` publishes them once the reader is about to
-    block. Each frame still gets its own reply, in order: a batch the broker refuses
-    (it refuses whole batches: a limit, a rate) is retried frame by frame, which
-    gives every frame the answer it would have had alone.
+    KapokMQ clients send one frame per message (and per ack); a frame at a time the
+    broker, the WAL and the reply path would each pay their fixed cost per message.
+    Frames that arrive together are parsed without yielding to the loop, so ``add``
+    only collects them and a ``call_soon`` flushes them once the reader is about to
+    block (or at once when ``limit`` items are waiting).
     """
 
-    def __init__(self, service: BrokerService, outbox: Outbox, limit: int) -> None:
-        self.service = service
-        self.outbox = outbox
+    def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.drafts: list[Draft] = []
+        self.items: list[T] = []
         self._scheduled = False
 
-    def add(self, draft: Draft) -> None:
-        self.drafts.append(draft)
-        if len(self.drafts) >= self.limit:
+    def add(self, item: T) -> None:
+        self.items.append(item)
+        if len(self.items) >= self.limit:
             self.flush()
         elif not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        items, self.items = self.items, []
+        if items:
+            self.handle(items)
+
+    def handle(self, items: list[T]) -> None:
+        raise NotImplementedError
+
+
+class _Publisher(_TurnBatch[Draft]):
+    """Publishes a producer's frames of one loop turn together. Each frame still gets its
+    own reply, in order: a batch the broker refuses (it refuses whole batches: a limit, a
+    rate) is retried frame by frame, which gives every frame the answer it would have had
+    alone."""
+
+    def __init__(self, service: BrokerService, outbox: Outbox, limit: int) -> None:
+        super().__init__(limit)
+        self.service = service
+        self.outbox = outbox
 
     def error(self, kind: str, message: str) -> None:
         """Reply with an error to a frame that was not a message (after the frames before it)."""
@@ -76,11 +96,7 @@ class _Publisher:
         self.service.count_bad_input(kind)
         self.outbox.send(compat_error(message))
 
-    def flush(self) -> None:
-        self._scheduled = False
-        drafts, self.drafts = self.drafts, []
-        if not drafts:
-            return
+    def handle(self, drafts: list[Draft]) -> None:
         try:
             _, durable = self.service.publish(drafts)
         except KapokError as exc:
@@ -89,8 +105,7 @@ class _Publisher:
                 self.outbox.send(compat_error(exc.message))
                 return
             for draft in drafts:
-                self.drafts = [draft]
-                self.flush()
+                self.handle([draft])
             return
         except Exception:  # a bug: answer every frame, keep the socket and the node
             log.exception("unexpected error publishing KapokMQ frames")
@@ -173,36 +188,20 @@ async def consumer_ws(request: web.Request) -> web.StreamResponse:
     return ws
 
 
-class _Acker:
-    """Acks the codes a consumer socket delivered in one event-loop turn with one call.
-
-    As with ``_Publisher``: one broker call, one dispatch and one WAL append for the
-    acks that arrived together instead of one each. KapokMQ clients expect no reply
-    to an ack, so an unknown code is only counted and logged (once per connection).
-    """
+class _Acker(_TurnBatch[str]):
+    """Acks a consumer's codes of one loop turn with one broker call (one dispatch, one WAL
+    append). KapokMQ clients expect no reply to an ack, so an unknown code is only counted
+    and logged (once per connection)."""
 
     def __init__(self, service: BrokerService, consumer_id: int, limit: int) -> None:
+        super().__init__(limit)
         self.service = service
         self.consumer_id = consumer_id
-        self.limit = limit
-        self.codes: list[str] = []
-        self._scheduled = False
         self._warned = False
 
-    def add(self, code: str) -> None:
-        self.codes.append(code)
-        if len(self.codes) >= self.limit:
-            self.flush()
-        elif not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
-
-    def flush(self) -> None:
-        self._scheduled = False
-        codes, self.codes = self.codes, []
-        if codes:
-            for _ in self.service.ack(self.consumer_id, codes):
-                self.bad("compat_unknown_ack")
+    def handle(self, codes: list[str]) -> None:
+        for _ in self.service.ack(self.consumer_id, codes):
+            self.bad("compat_unknown_ack")
 
     def bad(self, kind: str) -> None:
         self.service.count_bad_input(kind)
