@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from kapok import __version__
+from kapok import LOG_FORMAT, __version__
 from kapok.errors import ConfigError, KapokError
 
 if TYPE_CHECKING:
@@ -151,7 +151,7 @@ def _load(args: argparse.Namespace) -> Config:
     config = load_config(path, overrides=args.overrides, env=os.environ)
     logging.basicConfig(
         level=config.log.level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=LOG_FORMAT,
     )
     return config
 

@@ -3,11 +3,13 @@ directory per case) or an existing one reached through ``--url``.
 
 CPU seconds (``utime + stime`` from ``/proc/<pid>/stat``) and RSS (``VmRSS`` from
 ``/proc/<pid>/status``) are read only when the node's PID is known and local: a node the
-bench started, or ``--node-pid`` given with ``--url``.
+bench started, or ``--node-pid`` given with ``--url``. Both include the node's child
+processes (its archiver): they are part of what running a node costs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -26,9 +28,20 @@ RECOVERED = re.compile(r"recovered (\d+) messages in ([0-9.]+) s")
 START_TIMEOUT_S = 120.0  # a restart may replay a long WAL
 
 
-def proc_cpu_s(pid: int | None) -> float | None:
-    if pid is None:
-        return None
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (those that are still running)."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as f:
+                    todo.extend(int(child) for child in f.read().split())
+    return found
+
+
+def _cpu_s(pid: int) -> float | None:
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -37,9 +50,7 @@ def proc_cpu_s(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def proc_rss_bytes(pid: int | None) -> int | None:
-    if pid is None:
-        return None
+def _rss_bytes(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
@@ -48,6 +59,20 @@ def proc_rss_bytes(pid: int | None) -> int | None:
     except OSError:
         return None
     return None
+
+
+def proc_cpu_s(pid: int | None) -> float | None:
+    """CPU seconds of ``pid`` and its children; None when ``pid`` cannot be read."""
+    if pid is None or (own := _cpu_s(pid)) is None:
+        return None
+    return own + sum(_cpu_s(child) or 0.0 for child in _tree(pid)[1:])
+
+
+def proc_rss_bytes(pid: int | None) -> int | None:
+    """RSS of ``pid`` and its children; None when ``pid`` cannot be read."""
+    if pid is None or (own := _rss_bytes(pid)) is None:
+        return None
+    return own + sum(_rss_bytes(child) or 0 for child in _tree(pid)[1:])
 
 
 def wait_health(http_url: str, timeout_s: float) -> bool:

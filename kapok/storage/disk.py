@@ -4,7 +4,7 @@ Layout under ``storage.dir``::
 
     wal/wal-<first LSN>.log        segments of framed change records
     snapshots/snapshot-<LSN>.snap  the two newest snapshots (state before record LSN)
-    archive/archive-*.jsonl        lifecycle events for analytics
+    archive/archive-*.jsonl        lifecycle events for analytics (written by the archiver process)
 
 Recovery loads the newest valid snapshot, replays the WAL from its LSN,
 stops at the first torn or corrupt record (the segment is cut there, the
@@ -26,19 +26,16 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from kapok.config import StorageConfig
 from kapok.core.broker import Broker
 from kapok.core.changes import Change
 from kapok.core.replay import apply, finish_recovery, state_records
 from kapok.errors import StorageError
+from kapok.storage.archiver import ArchiveFeed, ArchiveSettings
 from kapok.storage.records import FrameReader, encode_batch, encode_end
 from kapok.storage.snapshot import FoundSnapshot, SnapshotWriter, find_newest, map_file
 from kapok.storage.wal import WriteAheadLog, list_segments
-
-if TYPE_CHECKING:
-    from kapok.storage.archive import Archive
 
 __all__ = ["DiskStore"]
 
@@ -55,15 +52,16 @@ class DiskStore:
         root = Path(cfg.dir)
         self.wal_dir = root / "wal"
         self.snapshot_dir = root / "snapshots"
-        self.archive: Archive | None = None
+        self.archive: ArchiveFeed | None = None
         if cfg.archive:
-            from kapok.storage.archive import Archive
-
-            self.archive = Archive(
-                root / "archive",
-                rotate_bytes=cfg.archive_rotate_bytes,
-                max_bytes=cfg.archive_max_bytes,
-                max_age_s=cfg.archive_max_age_s,
+            self.archive = ArchiveFeed(
+                ArchiveSettings(
+                    str(root / "archive"),
+                    rotate_bytes=cfg.archive_rotate_bytes,
+                    max_bytes=cfg.archive_max_bytes,
+                    max_age_s=cfg.archive_max_age_s,
+                    log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+                )
             )
         self.wal = WriteAheadLog(
             self.wal_dir,
@@ -71,7 +69,7 @@ class DiskStore:
             interval_ms=cfg.fsync_interval_ms,
             segment_max_bytes=cfg.segment_max_bytes,
             fsync=fsync,
-            on_written=self.archive.write if self.archive else None,
+            archive=self.archive,
         )
         self._fsync = fsync
         self._broker: Broker | None = None
@@ -103,6 +101,8 @@ class DiskStore:
         broker.journal = journal
         requeued = finish_recovery(broker, now)
         self._broker = broker
+        if self.archive is not None:
+            await self.archive.start()
         self.wal.start(next_lsn)
         self.recovery_s = time.perf_counter() - started
         log.info(
@@ -167,9 +167,6 @@ class DiskStore:
                 await self.snapshot()
             except Exception:  # the next interval tries again; the WAL holds everything
                 log.exception("snapshot failed; the WAL still holds everything")
-            if self.archive is not None:
-                # Closes an archive file that is due even when no events arrive.
-                await asyncio.get_running_loop().run_in_executor(self._snapshot_thread, self.archive.maintain)
 
     async def snapshot(self) -> None:
         """Write a snapshot of the live state and drop the WAL segments it covers."""
@@ -220,6 +217,9 @@ class DiskStore:
             "snapshots": self.snapshots,
             "snapshot_seconds": self.last_snapshot_s,
             "snapshot_bytes": self.last_snapshot_bytes,
+            "archive_bytes_fed": self.archive.bytes_fed if self.archive else 0,
+            "archive_frames_lost": self.archive.frames_lost if self.archive else 0,
+            "archive_restarts": self.archive.restarts if self.archive else 0,
         }
 
     async def aclose(self) -> None:
@@ -235,7 +235,7 @@ class DiskStore:
         await self.wal.aclose()
         self._snapshot_thread.shutdown(wait=True)
         if self.archive is not None:
-            self.archive.close()
+            await self.archive.aclose()
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the lock
             self._lock_fd = None

@@ -8,10 +8,11 @@ single writer thread, which writes them and (with ``fsync: always``) fsyncs
 once for all of them: group commit, one fsync per loop turn's worth of
 records or more, never one per message. The future completes only after
 that, so a producer's ack always follows the write that makes its message
-durable; only then are the records queued for ``on_written`` (the archive),
-which gets everything queued on a thread of its own every ``ARCHIVE_DELAY_S``
-(or once ``ARCHIVE_BATCH_RECORDS`` wait), so that analytics never delay an
-ack and wake that thread seldom; ``aclose`` hands over what is still queued.
+durable; only then are the written frames queued for the archive
+(``kapok.storage.archiver``: the same bytes, to a process of its own), which
+gets everything queued every ``ARCHIVE_DELAY_S`` (or once
+``ARCHIVE_BATCH_BYTES`` wait), so that analytics never delay an ack and the
+archiver wakes seldom; ``aclose`` hands over what is still queued.
 Policies:
 
 * ``always``: acks wait for write + fsync (survives power loss);
@@ -35,11 +36,11 @@ import logging
 import os
 import threading
 import zlib
-from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from kapok.core.changes import Change
 from kapok.errors import StorageError
@@ -50,11 +51,22 @@ __all__ = ["Segment", "WriteAheadLog", "list_segments"]
 log = logging.getLogger("kapok.storage")
 
 PREFIX, SUFFIX = "wal-", ".log"
-ARCHIVE_BACKLOG = 8  # batches of records waiting for the archive thread before the flusher waits
-# Written records are handed to the archive thread in batches, at most this often or once
-# this many have gathered: one wake-up of that thread per batch, not one per WAL write.
+# Written frames are handed to the archive in batches, at most this often or once this
+# many bytes have gathered: one wake-up of the archiver per batch, not one per WAL write.
 ARCHIVE_DELAY_S = 0.025
-ARCHIVE_BATCH_RECORDS = 10_000
+ARCHIVE_BATCH_BYTES = 1024 * 1024
+
+
+class ArchiveSink(Protocol):
+    """Where written frames go (``kapok.storage.archiver.ArchiveFeed``)."""
+
+    def feed(self, frames: bytes, count: int) -> None:
+        """Take ``count`` frames, back to back, exactly as written; never blocks."""
+        ...
+
+    async def drain(self) -> None:
+        """Wait while the sink is far behind."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +98,9 @@ class _Batch:
 @dataclass(slots=True)
 class _Encoded:
     first_lsn: int
-    payload: bytes  # framed (CRC) on the writer thread
+    payload: bytes
     new_segment: bool
+    header: bytes = b""  # length and CRC, computed on the writer thread
 
 
 class WriteAheadLog:
@@ -99,8 +112,7 @@ class WriteAheadLog:
         interval_ms: int,
         segment_max_bytes: int,
         fsync: Callable[[int], None] = os.fsync,
-        # Runs on a thread of its own with the written records, in order, in batches.
-        on_written: Callable[[Sequence[Change]], None] | None = None,
+        archive: ArchiveSink | None = None,  # gets the written frames, in order, in batches
     ) -> None:
         self.directory = directory
         self.policy = policy
@@ -112,7 +124,7 @@ class WriteAheadLog:
         self.fsyncs = 0
         self.bytes_written = 0
         self._batches: list[_Batch] = []
-        self._on_written = on_written
+        self._archive = archive
         # Every append until the flusher takes the batches shares ``_pending``;
         # ``_inflight`` is the one of the batches being written.
         self._pending: asyncio.Future[None] | None = None
@@ -127,9 +139,8 @@ class WriteAheadLog:
         # Background fsyncs (interval policy, retired segments) run on their own thread,
         # so a slow fsync never holds up writes and the acks waiting for them.
         self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kapok-wal-sync")
-        self._archiver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kapok-archive")
-        self._archiving: deque[Future[None]] = deque()
-        self._archive_queue: list[Change] = []  # written, not yet handed to the archive thread
+        self._archive_queue: list[bytes] = []  # frames written, not yet handed to the archive
+        self._archive_bytes = 0
         self._archive_timer: asyncio.TimerHandle | None = None
         self._file_lock = threading.Lock()  # guards _file and _dirty between the two threads
         self._tasks: list[asyncio.Task[None]] = []
@@ -156,7 +167,6 @@ class WriteAheadLog:
         await asyncio.get_running_loop().run_in_executor(self._thread, self._close_file)
         self._thread.shutdown(wait=True)
         self._syncer.shutdown(wait=True)
-        self._archiver.shutdown(wait=True)
 
     # ------------------------------------------------------------ appending
 
@@ -215,38 +225,35 @@ class WriteAheadLog:
                 self._inflight = None
                 if waiter is not None and not waiter.done():
                     waiter.set_result(None)
-                if self._on_written is not None:
-                    await self._hand_to_archive(batches)
+                if self._archive is not None:
+                    await self._hand_to_archive(encoded)
 
-    async def _hand_to_archive(self, batches: list[_Batch]) -> None:
-        # After the acks, not before them, and on a thread of its own: the archive is an
-        # analytics feed, so building its lines must delay neither confirmations nor the
-        # next write. Records gather here (in log order) and go to the thread every
-        # ARCHIVE_DELAY_S or once ARCHIVE_BATCH_RECORDS wait. One thread keeps the batches
-        # in order; at most a few batches wait for it, after which the flusher waits too
-        # (backpressure, bounded memory). Queued first, so a cancelled wait loses nothing.
+    async def _hand_to_archive(self, written: list[_Encoded]) -> None:
+        # After the acks, not before them: the archive is an analytics feed, so it must
+        # delay neither confirmations nor the next write. Frames gather here (in log
+        # order) and go out every ARCHIVE_DELAY_S or once ARCHIVE_BATCH_BYTES wait; the
+        # flusher waits only while the archiver is far behind (backpressure, bounded
+        # memory). Queued first, so a cancelled wait loses nothing.
         queue = self._archive_queue
-        for batch in batches:
-            queue.extend(batch.changes)
-        archiving = self._archiving
-        while archiving and archiving[0].done():
-            archiving.popleft()
-        if len(archiving) >= ARCHIVE_BACKLOG:
-            await asyncio.wrap_future(archiving.popleft())
-        if len(self._archive_queue) >= ARCHIVE_BATCH_RECORDS:
+        for batch in written:
+            queue += (batch.header, batch.payload)
+            self._archive_bytes += len(batch.header) + len(batch.payload)
+        if self._archive_bytes >= ARCHIVE_BATCH_BYTES:
             self._submit_archive()
-        elif self._archive_queue and self._archive_timer is None:
+        elif queue and self._archive_timer is None:
             assert self._loop is not None
             self._archive_timer = self._loop.call_later(ARCHIVE_DELAY_S, self._submit_archive)
+        assert self._archive is not None
+        await self._archive.drain()
 
     def _submit_archive(self) -> None:
-        """Hand every queued record to the archive thread now (on the event loop)."""
+        """Hand every queued frame to the archive now (on the event loop)."""
         if self._archive_timer is not None:
             self._archive_timer.cancel()
             self._archive_timer = None
-        if self._archive_queue:
-            changes, self._archive_queue = self._archive_queue, []
-            self._archiving.append(self._archiver.submit(self._archive, changes))
+        if self._archive_queue and self._archive is not None:
+            frames, self._archive_queue, self._archive_bytes = self._archive_queue, [], 0
+            self._archive.feed(b"".join(frames), len(frames) // 2)
 
     async def _interval_syncer(self) -> None:
         loop = asyncio.get_running_loop()
@@ -271,19 +278,12 @@ class WriteAheadLog:
                 rest = memoryview(header + payload)[written:]
                 while rest:
                     rest = rest[os.write(self._file, rest) :]
-            batch.payload = b""  # let go of it now, not when the whole list goes
+            batch.header = header
             self._file_size += size
             self.bytes_written += size
             self._dirty = True
         if sync:
             self._sync()
-
-    def _archive(self, changes: Sequence[Change]) -> None:
-        assert self._on_written is not None
-        try:
-            self._on_written(changes)
-        except Exception:  # the archive is not worth failing the log for
-            log.exception("writing the archive failed")
 
     def _sync(self) -> None:
         """fsync the open segment now, on the writer thread (policy ``always``)."""

@@ -1,0 +1,215 @@
+"""The archiver: a process of its own that turns the WAL's frames into the archive.
+
+Building the archive's JSON lines costs about as much CPU as the rest of storing a
+message, and in the node's process every microsecond of it is taken from the event
+loop (the GIL). So the node hands the archive the bytes it already has: the WAL
+frames it just wrote (``kapok.storage.records``), copied down a pipe to a child
+process, which decodes them and appends the events with ``Archive``. The node pays
+one pipe write per batch of frames; the records the archive reads are exactly the
+ones the WAL holds, in log order.
+
+* ``ArchiveFeed`` is the node's end (asyncio). ``feed`` never blocks; ``drain``
+  waits while the child is more than ``HIGH_WATER`` bytes behind (the WAL's
+  flusher awaits it: bounded memory, and analytics never delay an ack because
+  the flusher calls it after the acks). If the child dies, the frames fed until
+  it is restarted are lost to the archive (counted, one log line), never to the
+  broker; it is restarted at most once per ``RESTART_S``. ``aclose`` ends the
+  pipe and waits for the child to write everything out.
+* ``main`` is the child (``python -m kapok.storage.archiver SETTINGS``). It reads
+  until end of file, so it also finishes cleanly when the node is killed: the
+  kernel closes the pipe. It ignores SIGINT and SIGTERM (a terminal's Ctrl-C
+  reaches the whole process group) and closes a file that is due (rotation,
+  retention) every ``MAINTAIN_S`` even when nothing arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import select
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import orjson
+
+from kapok import LOG_FORMAT
+from kapok.errors import StorageError
+from kapok.storage.archive import MIB, Archive
+from kapok.storage.records import HEADER, FrameReader
+
+__all__ = ["ArchiveFeed", "ArchiveSettings", "main"]
+
+log = logging.getLogger("kapok.storage")
+
+HIGH_WATER = 8 * MIB  # bytes the child may lag behind before ``drain`` waits
+RESTART_S = 5.0
+CLOSE_TIMEOUT_S = 60.0
+MAINTAIN_S = 10.0
+READ_BYTES = 4 * MIB
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveSettings:
+    directory: str
+    rotate_bytes: int
+    max_bytes: int
+    max_age_s: float
+    log_level: str = "INFO"
+
+
+class ArchiveFeed:
+    def __init__(self, settings: ArchiveSettings) -> None:
+        self.settings = settings
+        self._proc: asyncio.subprocess.Process | None = None
+        self._pipe: asyncio.StreamWriter | None = None  # the child's stdin
+        self._started_at = -RESTART_S
+        self.bytes_fed = 0
+        self.frames_lost = 0  # frames fed while no child was there to take them
+        self.restarts = 0
+
+    async def start(self) -> None:
+        self._started_at = time.monotonic()
+        self._proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "kapok.storage.archiver", orjson.dumps(asdict(self.settings)).decode(),
+            stdin=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        self._pipe = self._proc.stdin
+        assert self._pipe is not None
+        self._pipe.transport.set_write_buffer_limits(high=HIGH_WATER)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def alive(self) -> bool:
+        proc, pipe = self._proc, self._pipe
+        return proc is not None and proc.returncode is None and pipe is not None and not pipe.is_closing()
+
+    def feed(self, frames: bytes, count: int) -> None:
+        """Queue ``count`` WAL frames (their exact bytes) for the archive."""
+        if not self.alive:
+            self._lost(count)
+            return
+        assert self._pipe is not None
+        self._pipe.write(frames)
+        self.bytes_fed += len(frames)
+
+    def _lost(self, count: int) -> None:
+        if not self.frames_lost:
+            log.error("the archiver process is gone; archive events are lost until it is restarted")
+        self.frames_lost += count
+        if time.monotonic() - self._started_at >= RESTART_S:
+            self._started_at = time.monotonic()
+            asyncio.get_running_loop().create_task(self._restart())
+
+    async def _restart(self) -> None:
+        try:
+            await self.start()
+        except OSError as exc:
+            log.error("cannot restart the archiver: %s", exc)
+            return
+        self.restarts += 1
+        log.warning("archiver restarted; %d WAL frames were not archived", self.frames_lost)
+
+    async def drain(self) -> None:
+        """Wait while the child is far behind (returns at once when it is not, or is gone)."""
+        if self.alive:
+            assert self._pipe is not None
+            with contextlib.suppress(ConnectionError):
+                await self._pipe.drain()
+
+    async def aclose(self) -> None:
+        proc, pipe, self._proc, self._pipe = self._proc, self._pipe, None, None
+        if proc is None:
+            return
+        if pipe is not None:
+            pipe.close()
+            with contextlib.suppress(ConnectionError):
+                await pipe.wait_closed()
+        try:
+            await asyncio.wait_for(proc.wait(), CLOSE_TIMEOUT_S)
+        except TimeoutError:
+            log.error("the archiver did not finish within %.0f s; killed", CLOSE_TIMEOUT_S)
+            proc.kill()
+            await proc.wait()
+
+
+# ---------------------------------------------------------------------------------------
+# The child
+
+
+def complete_frames(buf: bytes) -> int:
+    """Length of the longest prefix of ``buf`` made of whole frames (the rest is still coming)."""
+    pos, size, header = 0, len(buf), HEADER.size
+    while size - pos >= header:
+        (length, _) = HEADER.unpack_from(buf, pos)
+        if size - pos - header < length:
+            break
+        pos += header + length
+    return pos
+
+
+def run(settings: ArchiveSettings, fd: int) -> None:
+    """Archive the frames read from ``fd`` until end of file."""
+    archive = Archive(
+        Path(settings.directory),
+        rotate_bytes=settings.rotate_bytes,
+        max_bytes=settings.max_bytes,
+        max_age_s=settings.max_age_s,
+    )
+    pending = b""
+    next_maintenance = time.monotonic() + MAINTAIN_S
+    try:
+        while True:
+            ready, _, _ = select.select([fd], [], [], max(next_maintenance - time.monotonic(), 0.0))
+            if ready:
+                chunk = os.read(fd, READ_BYTES)
+                if not chunk:
+                    break
+                pending += chunk
+                whole = complete_frames(pending)
+                if whole:
+                    _archive(archive, pending[:whole])
+                    pending = pending[whole:]
+            if time.monotonic() >= next_maintenance:
+                next_maintenance = time.monotonic() + MAINTAIN_S
+                _guarded(archive.maintain)
+        if pending:
+            log.error("archiver: the node's stream ended inside a frame; %d bytes dropped", len(pending))
+    finally:
+        archive.close()
+
+
+def _archive(archive: Archive, frames: bytes) -> None:
+    reader = FrameReader(frames)
+    changes = list(reader)
+    if reader.problem is not None:  # only a bug gets here: the bytes come straight from the WAL
+        log.error("archiver: %s; the rest of this batch is skipped", reader.problem)
+    _guarded(lambda: archive.write(changes))
+
+
+def _guarded(step: Callable[[], None]) -> None:
+    try:
+        step()
+    except StorageError as exc:  # a full or broken disk: log it, keep reading
+        log.error("%s", exc.message)
+
+
+def main(argv: list[str]) -> int:
+    settings = ArchiveSettings(**orjson.loads(argv[0]))
+    logging.basicConfig(level=settings.log_level, format=LOG_FORMAT)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    run(settings, sys.stdin.fileno())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
