@@ -24,8 +24,8 @@ reader with ``mode=DROPMALFORMED`` does too). Nothing is fsynced: the events
 still buffered (up to ``buffer_bytes``) or in the OS cache die with the
 process or the machine, which is the accepted price of an analytics feed.
 
-``Archive`` is synchronous and takes a lock: the driver calls it from a
-worker thread, never on the event loop.
+``Archive`` is synchronous (and takes a lock, so threads may share one): the
+node never calls it; its archiver process does (``kapok.storage.archiver``).
 """
 
 from __future__ import annotations
