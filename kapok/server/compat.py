@@ -26,7 +26,7 @@ from kapok.server.keys import SERVICE
 from kapok.server.outbox import Outbox
 from kapok.server.responses import json_response, read_form
 from kapok.server.service import BrokerService, ClientInfo
-from kapok.server.wsbase import open_ws
+from kapok.server.wsbase import messages, open_ws
 
 __all__ = ["routes"]
 
@@ -126,7 +126,7 @@ async def producer_ws(request: web.Request) -> web.StreamResponse:
         client = service.add_client(info)
         publisher = _Publisher(service, outbox, service.config.server.max_batch)
         try:
-            async for msg in ws:
+            async for msg in messages(ws):
                 if outbox.full:
                     await outbox.wait_writable()
                 if msg.type is not WSMsgType.TEXT:
@@ -176,7 +176,7 @@ async def consumer_ws(request: web.Request) -> web.StreamResponse:
         client = service.add_client(info)
         acker = _Acker(service, consumer.id, service.config.server.max_batch)
         try:
-            async for msg in ws:
+            async for msg in messages(ws):
                 if msg.type is WSMsgType.TEXT:
                     acker.add(msg.data.strip())
                 else:

@@ -35,7 +35,7 @@ from kapok.server.codec import (
 from kapok.server.keys import SERVICE
 from kapok.server.outbox import Outbox
 from kapok.server.service import BrokerService, ClientInfo
-from kapok.server.wsbase import open_ws
+from kapok.server.wsbase import messages, open_ws
 
 __all__ = ["NativeConnection", "routes"]
 
@@ -233,7 +233,7 @@ async def native_ws(request: web.Request) -> web.StreamResponse:
         info.client_id = info.client_id or f"conn-{client}"
         conn = NativeConnection(service, outbox, info.client_id)
         try:
-            async for msg in ws:
+            async for msg in messages(ws):
                 if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
                     conn.handle(msg.data)
                     if outbox.full:

@@ -1,17 +1,18 @@
-"""What every WebSocket route shares: the connection limit, set-up and teardown."""
+"""What every WebSocket route shares: the connection limit, set-up, teardown and reading."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
-from aiohttp import WSCloseCode, web
+from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from kapok.errors import TooManyConnectionsError
 from kapok.server.keys import CONNECTIONS, SERVICE
 from kapok.server.outbox import Outbox
 
-__all__ = ["frame_limit", "open_ws"]
+__all__ = ["frame_limit", "messages", "open_ws"]
 
 
 def frame_limit(max_message_bytes: int, max_batch: int) -> int:
@@ -48,3 +49,26 @@ async def open_ws(request: web.Request, *, text: bool) -> AsyncIterator[tuple[we
         await outbox.aclose()
         if not ws.closed:
             await ws.close(code=WSCloseCode.GOING_AWAY)
+
+
+async def messages(ws: web.WebSocketResponse) -> AsyncIterator[WSMessage]:
+    """What ``async for msg in ws`` yields, with less work per frame.
+
+    ``WebSocketResponse.receive`` runs two coroutines of checks for every message. KapokMQ
+    clients send a frame per message and per ack, so it cost the node more than parsing
+    the frames did. Here one ``receive`` waits for a burst, and the text frames aiohttp
+    has already parsed behind it are taken straight from its queue (its ``read`` returns
+    at once when the queue is not empty, and keeps the queue's flow control); anything
+    else, and every wait, goes through ``receive``. This leans on two private names of
+    aiohttp's; without them it is plain ``async for``.
+    """
+    queue: Any = getattr(ws, "_reader", None)
+    parsed = getattr(queue, "_buffer", None)
+    async for msg in ws:
+        yield msg
+        if parsed is not None:
+            while parsed and parsed[0][0].type is _TEXT:
+                yield await queue.read()
+
+
+_TEXT = WSMsgType.TEXT

@@ -416,3 +416,55 @@ async def test_send_json_body_is_not_a_form(node: Any, session: aiohttp.ClientSe
         assert await resp.json() == {"code": -1, "msg": "Required data cannot be empty"}
     assert await stored(session, node) == 0
     await assert_node_serves(session, node)
+
+
+def _client_frame(opcode: int, payload: bytes) -> bytes:
+    """One masked client frame (a zero mask key: the payload goes as it is)."""
+    assert len(payload) < 126
+    return bytes((0x80 | opcode, 0x80 | len(payload))) + b"\0\0\0\0" + payload
+
+
+async def test_a_burst_of_good_bad_and_control_frames_is_answered_in_order(
+    node: Any, session: aiohttp.ClientSession
+) -> None:
+    """Frames parsed together (one TCP write) are taken from aiohttp's queue without a
+    receive() each: every text and binary frame still gets its reply in order."""
+    good = b'{"MessageData": "m", "DelayTime": 0}'
+    burst = (
+        _client_frame(1, good) * 50
+        + _client_frame(2, good)  # binary: an error reply, in its place
+        + _client_frame(1, b"{not json")
+        + _client_frame(9, b"hi")  # ping: answered by a pong
+        + _client_frame(1, good) * 50
+    )
+    host, port = node.url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(
+            b"GET /Producers/Conn/jobs/p1 HTTP/1.1\r\nHost: x\r\n"
+            b"Upgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), T)
+        assert head.startswith(b"HTTP/1.1 101")
+
+        async def frame() -> tuple[int, bytes]:
+            first, size = await asyncio.wait_for(reader.readexactly(2), T)
+            assert size < 126
+            return first & 0x0F, await asyncio.wait_for(reader.readexactly(size), T)
+
+        assert await frame() == (1, ASK_KEY.encode())
+        writer.write(_client_frame(1, SECRET.encode()))
+        assert await frame() == (1, KEY_OK.encode())
+        writer.write(burst)
+        got = [await frame() for _ in range(50 + 2 + 1 + 50)]
+    finally:
+        writer.close()
+    assert got.count((10, b"hi")) == 1  # the pong (it needs no WAL write, so it may come first)
+    replies = [data for opcode, data in got if opcode == 1]
+    assert replies[:50] == [b"ok"] * 50
+    assert b"text" in replies[50]
+    assert json.loads(replies[51])["code"] == -1
+    assert replies[52:] == [b"ok"] * 50
+    assert await stored(session, node) == 100
+    await assert_node_serves(session, node)
