@@ -3,7 +3,8 @@
 The archive is the input of the analytics job, not a durability mechanism: the
 WAL and snapshots own recovery. So it is written for cheap, forgiving reads:
 
-* ``archive_events`` (pure) turns change records into flat lifecycle events,
+* ``archive_events`` (pure) turns change records (their rows, as the WAL
+  holds them: ``kapok.storage.records``) into flat lifecycle events,
   one JSON object each: ``{"ev", "code", "topic", "group", "t", ...}``. A
   ``deleted`` event carries no topic (``MessageDeleted`` has none; join on
   ``code`` with the ``published`` event).
@@ -46,6 +47,7 @@ import orjson
 from kapok.core import changes as ch
 from kapok.core.model import Status
 from kapok.errors import StorageError
+from kapok.storage.records import KINDS
 
 __all__ = [
     "Archive",
@@ -73,43 +75,52 @@ _SETTLED_EVENTS: Final = {
 
 
 # ---------------------------------------------------------------------------------------
-# Pure: change records -> events
+# Pure: record rows -> events
+
+_PUBLISHED, _DELIVERED, _REQUEUED, _SETTLED, _DELETED = (
+    KINDS[t] for t in (ch.Published, ch.Delivered, ch.Requeued, ch.Settled, ch.MessageDeleted)
+)
 
 
-def archive_events(changes: Sequence[ch.Change]) -> list[Event]:
-    """Lifecycle events of ``changes``, in order; bookkeeping records yield nothing.
+def archive_events(rows: Sequence[list[Any]]) -> list[Event]:
+    """Lifecycle events of the records in ``rows`` (``records.batch_rows``), in order.
 
-    ``t`` is the event's unix time in seconds (a message's creation time for
-    ``published``). A final status the archive does not know yet is written
-    under its own name rather than dropped, so new statuses stay visible.
-    Every event's first key is ``ev`` (``encode_events`` relies on it).
+    Bookkeeping records yield nothing. ``t`` is the event's unix time in seconds
+    (a message's creation time for ``published``). A final status the archive
+    does not know yet is written under its own name rather than dropped, so new
+    statuses stay visible. Every event's first key is ``ev`` (``encode_events``
+    relies on it). Rows, not records: the archive needs no message data, and
+    building records would cost more than the events themselves.
     """
     # This runs for every record the node writes (three per consumed message), so it
-    # dispatches on the exact type, most frequent first, and builds dict literals.
+    # dispatches on the kind, most frequent first, and builds dict literals.
     events: list[Event] = []
     add = events.append
-    for c in changes:
-        if type(c) is ch.Delivered:
-            add({"ev": "delivered", "code": c.code, "topic": c.topic, "group": c.group, "t": c.at,
-                 "attempt": c.attempts})  # fmt: skip
-        elif type(c) is ch.Settled:
-            status = c.status
+    for row in rows:
+        kind = row[0]
+        if kind == _DELIVERED:
+            _, code, topic, group, attempts, at = row
+            add({"ev": "delivered", "code": code, "topic": topic, "group": group, "t": at,
+                 "attempt": attempts})  # fmt: skip
+        elif kind == _SETTLED:
+            _, code, topic, group, status, reason, at = row
             if status == _DEAD:
-                add({"ev": "dead_lettered", "code": c.code, "topic": c.topic, "group": c.group, "t": c.at,
-                     "reason": c.reason})  # fmt: skip
+                add({"ev": "dead_lettered", "code": code, "topic": topic, "group": group, "t": at,
+                     "reason": reason})  # fmt: skip
             else:
-                add({"ev": _SETTLED_EVENTS.get(status, status), "code": c.code, "topic": c.topic,
-                     "group": c.group, "t": c.at})  # fmt: skip
-        elif type(c) is ch.Published:
-            created = c.create_time
-            add({"ev": "published", "code": c.code, "topic": c.topic, "t": created, "create_time": created,
-                 "deliver_at": c.deliver_at, "size": len(c.data), "producer": c.producer_id,
-                 "priority": c.priority, "key": c.key})  # fmt: skip
-        elif type(c) is ch.Requeued:
-            add({"ev": "retried", "code": c.code, "topic": c.topic, "group": c.group, "t": c.at,
-                 "reason": c.reason})  # fmt: skip
-        elif type(c) is ch.MessageDeleted:
-            add({"ev": "deleted", "code": c.code, "t": c.at})
+                add({"ev": _SETTLED_EVENTS.get(status, status), "code": code, "topic": topic, "group": group,
+                     "t": at})  # fmt: skip
+        elif kind == _PUBLISHED:
+            _, _, code, topic, key, priority, created, deliver_at, _, producer, _, _, _, size = row
+            add({"ev": "published", "code": code, "topic": topic, "t": created, "create_time": created,
+                 "deliver_at": deliver_at, "size": size, "producer": producer, "priority": priority,
+                 "key": key})  # fmt: skip
+        elif kind == _REQUEUED:
+            _, code, topic, group, reason, at = row
+            add({"ev": "retried", "code": code, "topic": topic, "group": group, "t": at, "reason": reason})
+        elif kind == _DELETED:
+            _, code, at = row
+            add({"ev": "deleted", "code": code, "t": at})
         # GroupCreated, Deduped, Checkpoint: bookkeeping, not part of a message's life.
     return events
 
@@ -121,13 +132,13 @@ _DEAD: Final = Status.DEAD.value
 _BETWEEN_EVENTS: Final = b'},{"ev":'
 
 
-def encode_events(changes: Sequence[ch.Change]) -> tuple[bytes, int]:
-    """The JSON lines of the events of ``changes`` (each ending in ``\\n``) and how many.
+def encode_events(rows: Sequence[list[Any]]) -> tuple[bytes, int]:
+    """The JSON lines of the events of ``rows`` (each ending in ``\\n``) and how many.
 
     One ``orjson.dumps`` of the whole list, then the array is cut into lines at
     the event boundaries: an order of magnitude cheaper than a call per event.
     """
-    events = archive_events(changes)
+    events = archive_events(rows)
     if not events:
         return b"", 0
     array = orjson.dumps(events)
@@ -224,14 +235,14 @@ class Archive:
         """The file being appended to, if one is open."""
         return self._path
 
-    def write(self, changes: Sequence[ch.Change]) -> None:
-        """Archive the events of ``changes``; raises ``StorageError`` if the disk refuses.
+    def write(self, rows: Sequence[list[Any]]) -> None:
+        """Archive the events of the records in ``rows``; raises ``StorageError`` if the disk refuses.
 
         After a failure the buffered events are lost (counted in
         ``events_lost``) and the next call starts a new file, so the damage
         stays a cut last line.
         """
-        chunk, count = encode_events(changes)
+        chunk, count = encode_events(rows)
         if not count:
             return
         with self._lock:

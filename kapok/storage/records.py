@@ -26,7 +26,7 @@ import struct
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import orjson
 
@@ -35,8 +35,10 @@ from kapok.errors import StorageError
 
 __all__ = [
     "HEADER",
+    "KINDS",
     "Decoded",
     "FrameReader",
+    "batch_rows",
     "decode_frames",
     "encode",
     "encode_all",
@@ -46,11 +48,15 @@ __all__ = [
     "frame",
 ]
 
+T = TypeVar("T")
+
 HEADER: Final = struct.Struct("<II")
 _U32: Final = struct.Struct("<I")
 MAX_PAYLOAD: Final = 256 * 1024 * 1024
 
-_TYPES: Final[dict[type[Any], int]] = {
+# Each record type's number: the first item of its row. Rows are this module's business,
+# and the archive's (``kapok.storage.archive`` reads rows, never records: it needs no data).
+KINDS: Final[dict[type[Any], int]] = {
     ch.Published: 1,
     ch.GroupCreated: 2,
     ch.Delivered: 3,
@@ -60,7 +66,7 @@ _TYPES: Final[dict[type[Any], int]] = {
     ch.Deduped: 7,
     ch.Checkpoint: 8,
 }
-_CLASSES: Final = {code: cls for cls, code in _TYPES.items()}
+_CLASSES: Final = {code: cls for cls, code in KINDS.items()}
 END_TYPE: Final = 255
 
 
@@ -126,14 +132,24 @@ def encode_end() -> bytes:
     return frame(bytes((END_TYPE,)))
 
 
-def _decode_batch(payload: memoryview) -> list[ch.Change]:
+def batch_rows(payload: memoryview | bytes) -> list[Any]:
+    """The rows of a batch payload as JSON decodes them, without building records.
+
+    A row is ``[kind, field, ...]`` in the order of ``_ROWS`` (a Published row ends
+    with the size of its data, which follows the rows in the payload).
+    """
     if payload[0] != BATCH_TYPE:
         raise StorageError(f"unknown frame kind {payload[0]}")
     (n,) = _U32.unpack_from(payload, 1)
     rows = orjson.loads(payload[5 : 5 + n])
     if not isinstance(rows, list):
         raise StorageError("a batch must hold a list of records")
-    pos = 5 + n
+    return rows
+
+
+def _decode_batch(payload: memoryview) -> list[ch.Change]:
+    rows = batch_rows(payload)
+    pos = 5 + _U32.unpack_from(payload, 1)[0]
     out: list[ch.Change] = []
     for row in rows:
         kind = row[0]
@@ -191,6 +207,13 @@ class FrameReader:
         self.count = 0
 
     def __iter__(self) -> Iterator[ch.Change]:
+        return self._frames(_decode_batch)
+
+    def rows(self) -> Iterator[Any]:
+        """Iterate rows instead of records (``batch_rows``): the same checks, no records built."""
+        return self._frames(batch_rows)
+
+    def _frames(self, decode: Callable[[memoryview], list[T]]) -> Iterator[T]:
         view = self._view
         pos = self.good_end
         size = len(view)
@@ -215,10 +238,10 @@ class FrameReader:
                 self.good_end = end
                 self.ended = True
                 return
-            records: list[ch.Change] = []
+            records: list[T] = []
             if self._decode:
                 try:
-                    records = _decode_batch(payload)
+                    records = decode(payload)
                 except (
                     StorageError,
                     ValueError,

@@ -6,6 +6,7 @@ import errno
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import hypothesis.strategies as st
 import orjson
@@ -21,6 +22,7 @@ from kapok.storage.archive import (
     list_archive_files,
     read_archive_file,
 )
+from kapok.storage.records import batch_rows, encode_payload
 from kapok.testing.clock import ManualClock
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
@@ -32,6 +34,11 @@ def published(code: str = "c1", data: bytes = b"hello", topic: str = "orders") -
         deliver_at=T0 + 5, expire_at=0.0, producer_id="p1", dedup_id="d1", headers={"h": "v"},
         groups=("g1", "g2"),
     )  # fmt: skip
+
+
+def rows_of(changes: list[ch.Change]) -> list[list[Any]]:
+    """The rows the WAL holds for ``changes``: what the archive reads."""
+    return batch_rows(encode_payload(changes))
 
 
 def delivered(code: str = "c1", at: float = T0 + 6) -> ch.Delivered:
@@ -55,7 +62,7 @@ def test_every_record_type_maps_to_its_event() -> None:
         ch.Settled("c3", "orders", "g1", "dropped", "overflow", T0 + 11),
         ch.MessageDeleted("c1", T0 + 12),
     ]
-    assert archive_events(changes) == [
+    assert archive_events(rows_of(changes)) == [
         {"ev": "published", "code": "c1", "topic": "orders", "t": T0, "create_time": T0,
          "deliver_at": T0 + 5, "size": 5, "producer": "p1", "priority": 3, "key": "eu.fr"},
         {"ev": "delivered", "code": "c1", "topic": "orders", "group": "g1", "t": T0 + 6, "attempt": 2},
@@ -75,16 +82,16 @@ def test_bookkeeping_records_make_no_events() -> None:
         ch.GroupCreated("t", "g", T0),
         ch.Deduped("t", "d", "c", T0),
     ]
-    assert archive_events(bookkeeping) == []
+    assert archive_events(rows_of(bookkeeping)) == []
 
 
 def test_unknown_final_status_is_kept_under_its_own_name() -> None:
-    (event,) = archive_events([ch.Settled("c1", "t", "g", "vanished", "why", T0)])
+    (event,) = archive_events(rows_of([ch.Settled("c1", "t", "g", "vanished", "why", T0)]))
     assert event["ev"] == "vanished"
 
 
 def test_size_counts_payload_bytes() -> None:
-    (event,) = archive_events([published(data="é".encode() * 10)])
+    (event,) = archive_events(rows_of([published(data="é".encode() * 10)]))
     assert event["size"] == 20
 
 
@@ -112,8 +119,8 @@ def test_encode_events_is_one_line_per_event_exactly_as_orjson_writes_it(
             changes.append(ch.Settled(code, topic, other, other, other, T0))
         else:
             changes.append(ch.MessageDeleted(code, T0))
-    events = archive_events(changes)
-    chunk, count = encode_events(changes)
+    events = archive_events(rows_of(changes))
+    chunk, count = encode_events(rows_of(changes))
     assert count == len(events)
     assert chunk == b"".join(orjson.dumps(e) + b"\n" for e in events)
 
@@ -122,7 +129,7 @@ def test_encode_events_is_one_line_per_event_exactly_as_orjson_writes_it(
 
 
 def line_bytes(change: ch.Change) -> int:
-    (event,) = archive_events([change])
+    (event,) = archive_events(rows_of([change]))
     return len(orjson.dumps(event)) + 1
 
 
@@ -138,20 +145,20 @@ def test_writes_json_lines_to_a_named_file(tmp_path: Path) -> None:
     clock = ManualClock(T0)
     directory = tmp_path / "data" / "archive"  # created on demand, parents too
     arch = Archive(directory, clock=clock.time)
-    arch.write([published(), delivered()])
+    arch.write(rows_of([published(), delivered()]))
     arch.close()
     (only,) = list(directory.iterdir())
     assert only.name == "archive-20231114T221320-0.jsonl"
     raw = only.read_bytes()
     assert raw.endswith(b"\n")
     parsed = [json.loads(line) for line in raw.decode().splitlines()]  # the standard library agrees
-    assert parsed == archive_events([published(), delivered()])
+    assert parsed == archive_events(rows_of([published(), delivered()]))
     assert arch.events_written == 2 and arch.events_lost == 0
 
 
 def test_events_are_buffered_until_flush(tmp_path: Path) -> None:
     arch = Archive(tmp_path, buffer_bytes=1 << 20)
-    arch.write([published()])
+    arch.write(rows_of([published()]))
     path = arch.current_path
     assert path is not None and path.read_bytes() == b""
     arch.flush()
@@ -161,7 +168,7 @@ def test_events_are_buffered_until_flush(tmp_path: Path) -> None:
 
 def test_a_full_buffer_is_written_without_flush(tmp_path: Path) -> None:
     arch = Archive(tmp_path, buffer_bytes=100)
-    arch.write([published(code=f"c{i}") for i in range(5)])
+    arch.write(rows_of([published(code=f"c{i}") for i in range(5)]))
     path = arch.current_path
     assert path is not None and len(read_archive_file(path)) >= 4
     arch.close()
@@ -173,12 +180,12 @@ def test_write_after_close_raises(tmp_path: Path) -> None:
     arch.close()
     arch.close()  # idempotent
     with pytest.raises(StorageError, match="closed"):
-        arch.write([published()])
+        arch.write(rows_of([published()]))
 
 
 def test_records_without_events_create_no_file(tmp_path: Path) -> None:
     arch = Archive(tmp_path / "a")
-    arch.write([ch.Checkpoint(1, T0)])
+    arch.write(rows_of([ch.Checkpoint(1, T0)]))
     arch.close()
     assert not (tmp_path / "a").exists()
 
@@ -190,7 +197,7 @@ def test_rotates_by_size(tmp_path: Path) -> None:
     one_line = line_bytes(published(code="c00"))
     clock = ManualClock(T0)
     arch = Archive(tmp_path, rotate_bytes=3 * one_line, buffer_bytes=1, clock=clock.time)
-    arch.write([published(code=f"c{i:02d}") for i in range(10)])  # same length each
+    arch.write(rows_of([published(code=f"c{i:02d}") for i in range(10)]))  # same length each
     arch.close()
     files = list_archive_files(tmp_path)
     assert [f.n for f in files] == [0, 1, 2, 3]
@@ -200,7 +207,7 @@ def test_rotates_by_size(tmp_path: Path) -> None:
 
 def test_a_line_larger_than_rotate_bytes_gets_a_file_of_its_own(tmp_path: Path) -> None:
     arch = Archive(tmp_path, rotate_bytes=10)
-    arch.write([published(code="a"), published(code="b")])
+    arch.write(rows_of([published(code="a"), published(code="b")]))
     arch.close()
     assert [len(read_archive_file(f.path)) for f in list_archive_files(tmp_path)] == [1, 1]
 
@@ -208,11 +215,11 @@ def test_a_line_larger_than_rotate_bytes_gets_a_file_of_its_own(tmp_path: Path) 
 def test_rotates_by_age(tmp_path: Path) -> None:
     clock = ManualClock(T0)
     arch = Archive(tmp_path, rotate_s=60, clock=clock.time)
-    arch.write([published(code="a")])
+    arch.write(rows_of([published(code="a")]))
     clock.advance(59)
-    arch.write([published(code="b")])
+    arch.write(rows_of([published(code="b")]))
     clock.advance(1)
-    arch.write([published(code="c")])
+    arch.write(rows_of([published(code="c")]))
     arch.close()
     files = list_archive_files(tmp_path)
     assert [f.path.name for f in files] == [
@@ -225,7 +232,7 @@ def test_rotates_by_age(tmp_path: Path) -> None:
 def test_maintain_closes_an_idle_file_that_is_due(tmp_path: Path) -> None:
     clock = ManualClock(T0)
     arch = Archive(tmp_path, rotate_s=60, clock=clock.time)
-    arch.write([published()])
+    arch.write(rows_of([published()]))
     clock.advance(30)
     arch.maintain()
     path = arch.current_path
@@ -239,10 +246,10 @@ def test_maintain_closes_an_idle_file_that_is_due(tmp_path: Path) -> None:
 def test_a_new_archive_never_appends_to_an_old_file(tmp_path: Path) -> None:
     clock = ManualClock(T0)
     first = Archive(tmp_path, clock=clock.time)
-    first.write([published(code="a")])
+    first.write(rows_of([published(code="a")]))
     first.close()
     second = Archive(tmp_path, clock=clock.time)  # same second: the counter keeps names apart
-    second.write([published(code="b")])
+    second.write(rows_of([published(code="b")]))
     second.close()
     files = list_archive_files(tmp_path)
     assert [f.path.name for f in files] == [
@@ -257,7 +264,7 @@ def test_an_unusable_directory_is_a_storage_error(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     arch = Archive(blocker / "archive")
     with pytest.raises(StorageError, match="cannot create"):
-        arch.write([published()])
+        arch.write(rows_of([published()]))
     assert arch.events_lost == 1
 
 
@@ -269,7 +276,7 @@ def test_retention_deletes_oldest_files_over_max_bytes(tmp_path: Path) -> None:
     clock = ManualClock(T0)
     arch = Archive(tmp_path, rotate_bytes=one_line, max_bytes=3 * one_line, clock=clock.time)
     for i in range(6):
-        arch.write([published(code=f"c{i:02d}")])
+        arch.write(rows_of([published(code=f"c{i:02d}")]))
         clock.advance(1)
     # Writing c05 closed c04's file; retention then kept c02..c04 (3 lines' worth).
     assert [f.n for f in list_archive_files(tmp_path)] == [2, 3, 4, 5]
@@ -281,7 +288,7 @@ def test_retention_deletes_files_older_than_max_age(tmp_path: Path) -> None:
     clock = ManualClock(T0)
     arch = Archive(tmp_path, rotate_s=100, max_age_s=250, clock=clock.time)
     for code in "abcd":
-        arch.write([published(code=code)])
+        arch.write(rows_of([published(code=code)]))
         clock.advance(100)
     arch.flush()
     # Now T0+400. Opening d's file (T0+300) closed c's file and applied retention at T0+300:
@@ -295,13 +302,13 @@ def test_retention_deletes_files_older_than_max_age(tmp_path: Path) -> None:
 def test_retention_runs_on_startup_and_ignores_foreign_files(tmp_path: Path) -> None:
     clock = ManualClock(T0)
     old = Archive(tmp_path, clock=clock.time)
-    old.write([published(code="old")])
+    old.write(rows_of([published(code="old")]))
     old.close()
     (tmp_path / "notes.txt").write_text("keep me")
     (tmp_path / "archive-bogus.jsonl").write_text("keep me too")
     clock.advance(8 * 86400)
     new = Archive(tmp_path, clock=clock.time)
-    new.write([published(code="new")])
+    new.write(rows_of([published(code="new")]))
     new.close()
     assert [e["code"] for e in all_events(tmp_path)] == ["new"]
     assert [f.n for f in list_archive_files(tmp_path)] == [1]
@@ -313,8 +320,8 @@ def test_retention_runs_on_startup_and_ignores_foreign_files(tmp_path: Path) -> 
 
 def test_a_cut_file_loses_only_its_last_line(tmp_path: Path) -> None:
     arch = Archive(tmp_path)
-    expected = archive_events([published(code=f"c{i}") for i in range(5)])
-    arch.write([published(code=f"c{i}") for i in range(5)])
+    expected = archive_events(rows_of([published(code=f"c{i}") for i in range(5)]))
+    arch.write(rows_of([published(code=f"c{i}") for i in range(5)]))
     path = arch.current_path
     arch.close()
     assert path is not None
@@ -338,7 +345,7 @@ def test_a_failed_write_damages_only_the_last_line_of_its_file(
 ) -> None:
     clock = ManualClock(T0)
     arch = Archive(tmp_path, clock=clock.time)
-    arch.write([published(code="a"), published(code="b")])
+    arch.write(rows_of([published(code="a"), published(code="b")]))
     arch.flush()
     real_write = os.write
 
@@ -350,12 +357,12 @@ def test_a_failed_write_damages_only_the_last_line_of_its_file(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "write", disk_full)
-    arch.write([published(code="c"), published(code="d")])
+    arch.write(rows_of([published(code="c"), published(code="d")]))
     with pytest.raises(StorageError, match="No space left on device; 2 events lost"):
         arch.flush()
     assert arch.events_lost == 2 and arch.current_path is None
     monkeypatch.setattr(os, "write", real_write)
-    arch.write([published(code="e")])  # goes to a new file
+    arch.write(rows_of([published(code="e")]))  # goes to a new file
     arch.close()
     files = list_archive_files(tmp_path)
     assert len(files) == 2
