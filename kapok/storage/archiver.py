@@ -13,7 +13,7 @@ ones the WAL holds, in log order.
   flusher awaits it: bounded memory, and analytics never delay an ack because
   the flusher calls it after the acks). If the child dies, the frames fed until
   it is restarted are lost to the archive (counted, one log line), never to the
-  broker; it is restarted at most once per ``RESTART_S``. ``aclose`` ends the
+  broker; it is restarted, at most once per ``RESTART_S``. ``aclose`` ends the
   pipe and waits for the child to write everything out.
 * ``main`` is the child (``python -m kapok.storage.archiver SETTINGS``). It reads
   until end of file, so it also finishes cleanly when the node is killed: the
@@ -69,6 +69,7 @@ class ArchiveFeed:
         self.settings = settings
         self._proc: asyncio.subprocess.Process | None = None
         self._pipe: asyncio.StreamWriter | None = None  # the child's stdin
+        self._restarting: asyncio.Task[None] | None = None
         self._started_at = -RESTART_S
         self.bytes_fed = 0
         self.frames_lost = 0  # frames fed while no child was there to take them
@@ -103,21 +104,22 @@ class ArchiveFeed:
         self.bytes_fed += len(frames)
 
     def _lost(self, count: int) -> None:
-        if not self.frames_lost:
-            log.error("the archiver process is gone; archive events are lost until it is restarted")
         self.frames_lost += count
-        if time.monotonic() - self._started_at >= RESTART_S:
-            self._started_at = time.monotonic()
-            asyncio.get_running_loop().create_task(self._restart())
+        if self._restarting is None:  # a new outage: say so once, and bring the child back
+            log.error("the archiver process is gone; archive events are lost until it is restarted")
+            self._restarting = asyncio.get_running_loop().create_task(self._restart())
 
     async def _restart(self) -> None:
         try:
+            await asyncio.sleep(max(self._started_at + RESTART_S - time.monotonic(), 0.0))
             await self.start()
         except OSError as exc:
             log.error("cannot restart the archiver: %s", exc)
-            return
-        self.restarts += 1
-        log.warning("archiver restarted; %d WAL frames were not archived", self.frames_lost)
+        else:
+            self.restarts += 1
+            log.warning("archiver restarted; %d WAL frames were not archived so far", self.frames_lost)
+        finally:
+            self._restarting = None
 
     async def drain(self) -> None:
         """Wait while the child is far behind (returns at once when it is not, or is gone)."""
@@ -127,6 +129,10 @@ class ArchiveFeed:
                 await self._pipe.drain()
 
     async def aclose(self) -> None:
+        if self._restarting is not None:
+            self._restarting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._restarting
         proc, pipe, self._proc, self._pipe = self._proc, self._pipe, None, None
         if proc is None:
             return
