@@ -52,7 +52,7 @@ HIGH_WATER = 8 * MIB  # bytes the child may lag behind before ``drain`` waits
 RESTART_S = 5.0
 CLOSE_TIMEOUT_S = 60.0
 MAINTAIN_S = 10.0
-READ_BYTES = 4 * MIB
+READ_BYTES = MIB
 
 
 @dataclass(frozen=True, slots=True)
