@@ -94,14 +94,14 @@ class ArchiveFeed:
         proc, pipe = self._proc, self._pipe
         return proc is not None and proc.returncode is None and pipe is not None and not pipe.is_closing()
 
-    def feed(self, frames: bytes, count: int) -> None:
-        """Queue ``count`` WAL frames (their exact bytes) for the archive."""
+    def feed(self, parts: list[bytes], count: int) -> None:
+        """Queue ``count`` WAL frames (their exact bytes, in pieces) for the archive."""
         if not self.alive:
             self._lost(count)
             return
         assert self._pipe is not None
-        self._pipe.write(frames)
-        self.bytes_fed += len(frames)
+        self._pipe.writelines(parts)
+        self.bytes_fed += sum(map(len, parts))
 
     def _lost(self, count: int) -> None:
         self.frames_lost += count

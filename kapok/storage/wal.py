@@ -60,8 +60,9 @@ ARCHIVE_BATCH_BYTES = 1024 * 1024
 class ArchiveSink(Protocol):
     """Where written frames go (``kapok.storage.archiver.ArchiveFeed``)."""
 
-    def feed(self, frames: bytes, count: int) -> None:
-        """Take ``count`` frames, back to back, exactly as written; never blocks."""
+    def feed(self, parts: list[bytes], count: int) -> None:
+        """Take ``count`` frames exactly as written, in pieces (no copy is made to join
+        them: a burst's batch can be tens of MB); never blocks."""
         ...
 
     async def drain(self) -> None:
@@ -253,7 +254,7 @@ class WriteAheadLog:
             self._archive_timer = None
         if self._archive_queue and self._archive is not None:
             frames, self._archive_queue, self._archive_bytes = self._archive_queue, [], 0
-            self._archive.feed(b"".join(frames), len(frames) // 2)
+            self._archive.feed(frames, len(frames) // 2)
 
     async def _interval_syncer(self) -> None:
         loop = asyncio.get_running_loop()

@@ -40,7 +40,9 @@ class _Recorder:
         self.fed = b""
         self.drains = 0
 
-    def feed(self, frames: bytes, count: int) -> None:
+    def feed(self, parts: list[bytes], count: int) -> None:
+        assert len(parts) == 2 * count  # a header and a payload per frame
+        frames = b"".join(parts)
         reader = FrameReader(frames)
         self.calls.append(list(reader))
         assert reader.problem is None and reader.good_end == len(frames)
