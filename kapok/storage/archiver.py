@@ -152,7 +152,7 @@ class ArchiveFeed:
 # The child
 
 
-def complete_frames(buf: bytes) -> int:
+def complete_frames(buf: bytes | bytearray) -> int:
     """Length of the longest prefix of ``buf`` made of whole frames (the rest is still coming)."""
     pos, size, header = 0, len(buf), HEADER.size
     while size - pos >= header:
@@ -171,7 +171,7 @@ def run(settings: ArchiveSettings, fd: int) -> None:
         max_bytes=settings.max_bytes,
         max_age_s=settings.max_age_s,
     )
-    pending = b""
+    pending = bytearray()  # read, not yet a whole frame (a big batch arrives in many reads)
     next_maintenance = time.monotonic() + MAINTAIN_S
     try:
         while True:
@@ -183,8 +183,9 @@ def run(settings: ArchiveSettings, fd: int) -> None:
                 pending += chunk
                 whole = complete_frames(pending)
                 if whole:
-                    _archive(archive, pending[:whole])
-                    pending = pending[whole:]
+                    frames = bytes(pending[:whole])
+                    del pending[:whole]
+                    _archive(archive, frames)
             if time.monotonic() >= next_maintenance:
                 next_maintenance = time.monotonic() + MAINTAIN_S
                 _guarded(archive.maintain)
