@@ -46,6 +46,7 @@ __all__ = [
     "encode_end",
     "encode_payload",
     "frame",
+    "frame_header",
 ]
 
 T = TypeVar("T")
@@ -70,9 +71,14 @@ _CLASSES: Final = {code: cls for cls, code in KINDS.items()}
 END_TYPE: Final = 255
 
 
+def frame_header(payload: bytes) -> bytes:
+    """The header of a payload's frame: its length and CRC-32."""
+    return HEADER.pack(len(payload), zlib.crc32(payload))
+
+
 def frame(payload: bytes) -> bytes:
-    """The frame of a payload (from ``encode_payload``): length, CRC-32, payload."""
-    return HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+    """The frame of a payload (from ``encode_payload``): header, then payload."""
+    return frame_header(payload) + payload
 
 
 # One row builder per type: explicit tuples are much cheaper than reflection.

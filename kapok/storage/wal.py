@@ -35,7 +35,6 @@ import itertools
 import logging
 import os
 import threading
-import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -44,7 +43,7 @@ from typing import Protocol
 
 from kapok.core.changes import Change
 from kapok.errors import StorageError
-from kapok.storage.records import HEADER, encode_payload
+from kapok.storage.records import encode_payload, frame_header
 
 __all__ = ["Segment", "WriteAheadLog", "list_segments"]
 
@@ -272,7 +271,7 @@ class WriteAheadLog:
             assert self._file is not None
             # Header and payload in one writev: no copy of a possibly large payload.
             payload = batch.payload
-            header = HEADER.pack(len(payload), zlib.crc32(payload))
+            header = frame_header(payload)
             size = len(header) + len(payload)
             written = os.writev(self._file, (header, payload))
             if written < size:  # short write: the rest the plain way
