@@ -238,36 +238,26 @@ def compat_fields_draft(data: str, delay: int, topic: str, producer_id: str) -> 
 
 def compat_message(msg: Message, now: float) -> dict[str, Any]:
     """The PascalCase message object of KapokMQ (pushes and the console API)."""
-    try:
-        text = msg.data.decode()
-    except UnicodeDecodeError:
-        text = base64.b64encode(msg.data).decode()
-    return {
-        "MessageCode": msg.code,
-        "MessageData": text,
-        "Topic": msg.topic,
-        "CreateTime": int(msg.create_time),
-        "ConsumedTime": int(msg.finished_at),
-        "DelayTime": round(msg.deliver_at - msg.create_time),
-        "Status": msg.wire_status(now),
-    }
+    return _compat_object(msg, int(msg.finished_at), msg.wire_status(now))
 
 
-def compat_push(msg: Message) -> bytes:
-    """A push frame: ``compat_message`` of a pending message, built directly (one per delivery)."""
+def _compat_object(msg: Message, consumed_time: int, status: int) -> dict[str, Any]:
     try:
         text = msg.data.decode()
     except UnicodeDecodeError:
         text = base64.b64encode(msg.data).decode()
     created = msg.create_time
-    return orjson.dumps(
-        {
-            "MessageCode": msg.code,
-            "MessageData": text,
-            "Topic": msg.topic,
-            "CreateTime": int(created),
-            "ConsumedTime": 0,
-            "DelayTime": round(msg.deliver_at - created),
-            "Status": -1,  # a pushed message is pending by definition
-        }
-    )
+    return {
+        "MessageCode": msg.code,
+        "MessageData": text,
+        "Topic": msg.topic,
+        "CreateTime": int(created),
+        "ConsumedTime": consumed_time,
+        "DelayTime": round(msg.deliver_at - created),
+        "Status": status,
+    }
+
+
+def compat_push(msg: Message) -> bytes:
+    """A push frame: ``compat_message`` of a pending message (one per delivery)."""
+    return orjson.dumps(_compat_object(msg, 0, -1))  # pushed: pending by definition, not consumed
