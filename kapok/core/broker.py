@@ -495,7 +495,7 @@ class Broker:
                 unknown.append(code)
             elif consumer.ack_timeout_s:
                 entry.deadline = now + consumer.ack_timeout_s
-                self._deadlines.add(entry, entry.deadline, consumer.ack_timeout_s)
+                self._deadlines.add(entry.deadline, consumer.ack_timeout_s, entry)
         return unknown
 
     def _held_in_group(self, topic: str, group: str, code: str) -> Entry | None:

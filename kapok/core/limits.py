@@ -7,7 +7,9 @@ grow the broker's memory without limit.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from typing import Generic, TypeVar
+from typing import TypeVar
+
+from kapok.core.timers import PeriodFifos
 
 __all__ = ["DedupWindow", "RateLimiter", "RetentionQueue", "TokenBucket"]
 
@@ -105,43 +107,26 @@ class DedupWindow:
         return [(t, k[0], k[1], self._codes[k]) for t, k in self._order if k in self._codes]
 
 
-class RetentionQueue(Generic[T]):
-    """Things to forget at a due time, bounded in count.
+class RetentionQueue(PeriodFifos[T]):
+    """Things to forget at a due time (one FIFO per retention period), bounded in
+    count: past ``max_items`` the item due first goes early."""
 
-    One FIFO per retention period: with ``now`` only growing, items of one
-    period are added in due order, so add and pop are O(1) (a sorted list
-    was the hot path's most expensive structure). Past ``max_items`` the
-    item due first goes early. Due times and items sit in two parallel
-    deques rather than one of pairs: a pair is one more object per retained
-    message for the memory and the garbage collector.
-    """
+    __slots__ = ("_size", "max_items")
 
     def __init__(self, max_items: int) -> None:
+        super().__init__()
         self.max_items = max_items
-        self._queues: dict[float, tuple[deque[float], deque[T]]] = {}
         self._size = 0
 
     def __len__(self) -> int:
         return self._size
 
     def add(self, due: float, period: float, item: T) -> None:
-        queue = self._queues.get(period)
-        if queue is None:
-            queue = self._queues[period] = (deque(), deque())
-        queue[0].append(due)
-        queue[1].append(item)
+        super().add(due, period, item)
         self._size += 1
 
-    def next_due(self) -> float | None:
-        heads = [dues[0] for dues, _ in self._queues.values() if dues]
-        return min(heads) if heads else None
-
     def pop_due(self, now: float) -> list[T]:
-        out: list[T] = []
-        for dues, items in self._queues.values():
-            while dues and dues[0] <= now:
-                dues.popleft()
-                out.append(items.popleft())
+        out = [item for _, item in self._take_due(now)]
         self._size -= len(out)
         while self._size > self.max_items:
             dues, items = min((q for q in self._queues.values() if q[0]), key=lambda q: q[0][0])
