@@ -9,6 +9,7 @@ record in append order, across segment rotations.
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,30 @@ async def test_concurrent_appends_keep_the_log_in_order_across_segments(tmp_path
     await wal.aclose()
     assert len(list_segments(tmp_path)) > 2
     assert _read_log(tmp_path) == appended
+
+
+@pytest.mark.parametrize("policy", ["always", "interval", "never"])
+async def test_small_writes_without_fsync_stay_on_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str
+) -> None:
+    writers: list[str] = []
+    real_writev = wal_module.os.writev
+
+    def writev(fd: int, parts: list[bytes]) -> int:
+        writers.append(threading.current_thread().name)
+        return real_writev(fd, parts)
+
+    monkeypatch.setattr(wal_module.os, "writev", writev)
+    wal = WriteAheadLog(tmp_path, policy=policy, interval_ms=1000, segment_max_bytes=1 << 22)
+    wal.start(0)
+    small = _records(3)
+    big = [GroupCreated("t", "g" * 200, float(i)) for i in range(wal_module.INLINE_WRITE_BYTES // 200)]
+    for records in (small, small, big, small):  # the first write opens the segment
+        await wal.append(records)
+    await wal.aclose()
+    loop_thread = threading.current_thread().name
+    on_loop = [name == loop_thread for name in writers]
+    # Opening a segment, a write past INLINE_WRITE_BYTES and every write that is fsynced
+    # before its ack go to the writer thread; other writes are made on the loop.
+    assert on_loop == ([False] * 4 if policy == "always" else [False, True, False, True])
+    assert _read_log(tmp_path) == small + small + big + small
