@@ -20,12 +20,13 @@ import orjson
 from kapok.core.broker import Draft
 from kapok.core.model import Entry, Message
 from kapok.errors import BadRequestError
+from kapok.jsonlines import dumps_lines
 
 __all__ = [
     "client_label",
     "compat_draft",
     "compat_fields_draft",
-    "compat_push",
+    "compat_pushes",
     "decode_object",
     "draft_from_json",
     "encode_data",
@@ -258,6 +259,8 @@ def _compat_object(msg: Message, consumed_time: int, status: int) -> dict[str, A
     }
 
 
-def compat_push(msg: Message) -> bytes:
-    """A push frame: ``compat_message`` of a pending message (one per delivery)."""
-    return orjson.dumps(_compat_object(msg, 0, -1))  # pushed: pending by definition, not consumed
+def compat_pushes(msgs: list[Message]) -> list[bytes]:
+    """The push frames of pending messages, one ``compat_message`` object each (one
+    ``orjson.dumps`` for them all: a consumer is pushed a batch at a time)."""
+    objects = [_compat_object(msg, 0, -1) for msg in msgs]  # pending: not consumed
+    return dumps_lines(objects, "MessageCode").split(b"\n") if msgs else []

@@ -21,7 +21,7 @@ from kapok.core.broker import Draft
 from kapok.core.model import Consumer, Entry
 from kapok.errors import BadRequestError, KapokError
 from kapok.server.auth import KEY_ERROR, compat_handshake, key_matches
-from kapok.server.codec import client_label, compat_draft, compat_fields_draft, compat_push
+from kapok.server.codec import client_label, compat_draft, compat_fields_draft, compat_pushes
 from kapok.server.keys import SERVICE
 from kapok.server.outbox import Outbox
 from kapok.server.responses import json_response, read_form
@@ -154,7 +154,7 @@ class _CompatConsumer:
         self.outbox = outbox
 
     def push(self, consumer: Consumer, entries: list[Entry]) -> None:
-        self.outbox.send_many([compat_push(entry.msg) for entry in entries])
+        self.outbox.send_many(compat_pushes([entry.msg for entry in entries]))
 
 
 @routes.get("/Consumers/Conn/{topic}/{consumer_id}")

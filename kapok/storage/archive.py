@@ -47,6 +47,7 @@ import orjson
 from kapok.core import changes as ch
 from kapok.core.model import Status
 from kapok.errors import StorageError
+from kapok.jsonlines import dumps_lines
 from kapok.storage.records import KINDS
 
 __all__ = [
@@ -126,23 +127,14 @@ def archive_events(rows: Sequence[list[Any]]) -> list[Event]:
 
 
 _DEAD: Final = Status.DEAD.value
-# Between two events of one JSON array, orjson writes exactly this. It cannot occur
-# anywhere else: inside a string every '"' is escaped, and a string that ended in
-# '},{' would be followed by ',', ':', '}' or ']', never by 'ev'.
-_BETWEEN_EVENTS: Final = b'},{"ev":'
 
 
 def encode_events(rows: Sequence[list[Any]]) -> tuple[bytes, int]:
-    """The JSON lines of the events of ``rows`` (each ending in ``\\n``) and how many.
-
-    One ``orjson.dumps`` of the whole list, then the array is cut into lines at
-    the event boundaries: an order of magnitude cheaper than a call per event.
-    """
+    """The JSON lines of the events of ``rows`` (each ending in ``\\n``) and how many."""
     events = archive_events(rows)
     if not events:
         return b"", 0
-    array = orjson.dumps(events)
-    return array[1:-1].replace(_BETWEEN_EVENTS, b'}\n{"ev":') + b"\n", len(events)
+    return dumps_lines(events, "ev") + b"\n", len(events)
 
 
 # ---------------------------------------------------------------------------------------
