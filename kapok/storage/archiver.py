@@ -53,6 +53,9 @@ RESTART_S = 5.0
 CLOSE_TIMEOUT_S = 60.0
 MAINTAIN_S = 10.0
 READ_BYTES = MIB
+# The archiver runs at a lower priority than the node: on a busy machine the node and its
+# clients come first, and the archiver catches up in the gaps (HIGH_WATER bounds the lag).
+NICE = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +221,7 @@ def main(argv: list[str]) -> int:
     # Rows and events are freed by reference counting (they form no cycles); the cycle
     # collector would only walk them, again and again: a third of the CPU at full load.
     gc.disable()
+    os.nice(NICE)
     run(settings, sys.stdin.fileno())
     return 0
 
