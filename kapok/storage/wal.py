@@ -4,7 +4,7 @@ Theory of operation. ``append`` queues records and returns a future that
 every append until the next hand-off shares; one flusher task encodes all
 the records that accumulated meanwhile into one frame per segment (one JSON
 encoding on the event loop; the CRC on the writer thread) and hands them to a
-single writer thread (with ``fsync: never``, small writes are made on the
+single writer thread (small writes that no fsync waits for are made on the
 loop itself: ``INLINE_WRITE_BYTES``), which writes them and (with ``fsync: always``) fsyncs
 once for all of them: group commit, one fsync per loop turn's worth of
 records or more, never one per message. The future completes only after
@@ -37,7 +37,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -55,13 +55,14 @@ PREFIX, SUFFIX = "wal-", ".log"
 # many bytes have gathered: one wake-up of the archiver per batch, not one per WAL write.
 ARCHIVE_DELAY_S = 0.025
 ARCHIVE_BATCH_BYTES = 1024 * 1024
-# With ``fsync: never`` a write of at most this many bytes into the open segment is made on
-# the event loop: copying a few KB into the page cache costs microseconds, less than the two
-# thread hand-offs it saves (at a paced 2,000 msg/s the node's CPU fell by a fifth to a
-# third). Not with ``interval``: there a write can wait for the background fsync's journal
-# commit (measured: p99.9 1.4 ms, max 6 ms, against 0.3 and 0.9 ms without it), which must
-# stall the writer thread, not the loop. Larger writes, and any that opens a segment, go
-# to the writer thread.
+# Unless acks wait for an fsync (policy always), a write of at most this many bytes into the
+# open segment is made on the event loop: copying a few KB into the page cache costs
+# microseconds, less than the two thread hand-offs it saves (at a paced 2,000 msg/s the
+# node's CPU fell by a quarter). Not while the sync thread has an fsync to do (interval: the
+# periodic one, a retired segment's, the directory's): a write may then wait for its journal
+# commit (measured: p99.9 1.4 ms, max 6 ms), which must stall the writer thread, not the
+# loop; with that rule, p99.9 0.3-0.6 ms, as with policy never.
+# Larger writes, and any that opens a segment, go to the writer thread.
 INLINE_WRITE_BYTES = 64 * 1024
 
 
@@ -151,6 +152,7 @@ class WriteAheadLog:
         self._archive_queue: list[bytes] = []  # frames written, not yet handed to the archive
         self._archive_bytes = 0
         self._archive_timer: asyncio.TimerHandle | None = None
+        self._background_jobs = 0  # fsyncs queued or running on the sync thread (under _file_lock)
         self._file_lock = threading.Lock()  # guards _file and _dirty between the two threads
         self._tasks: list[asyncio.Task[None]] = []
         self.failed: StorageError | None = None
@@ -242,7 +244,9 @@ class WriteAheadLog:
 
     def _inline(self, batches: list[_Encoded]) -> bool:
         """Whether ``batches`` may be written on the event loop (see ``INLINE_WRITE_BYTES``)."""
-        if self.policy != "never" or self._file is None or self._file_size >= self.segment_max_bytes:
+        if self.policy == "always" or self._background_jobs:
+            return False
+        if self._file is None or self._file_size >= self.segment_max_bytes:
             return False
         size = 0
         for batch in batches:
@@ -279,11 +283,10 @@ class WriteAheadLog:
             self._archive.feed(frames, len(frames) // 2)
 
     async def _interval_syncer(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.interval_s)
             if self._dirty:
-                await loop.run_in_executor(self._syncer, self._background_sync)
+                await asyncio.wrap_future(self._in_background(self._background_sync))
 
     # ------------------------------------------------------------ writer thread
 
@@ -314,6 +317,20 @@ class WriteAheadLog:
             self._dirty = False
             self._fsync(self._file)
             self.fsyncs += 1
+
+    def _in_background(self, job: Callable[..., None], *args: object) -> Future[None]:
+        """Run ``job`` on the sync thread, counted in ``_background_jobs`` until it is done."""
+        with self._file_lock:
+            self._background_jobs += 1
+
+        def run() -> None:
+            try:
+                job(*args)
+            finally:
+                with self._file_lock:
+                    self._background_jobs -= 1
+
+        return self._syncer.submit(run)
 
     def _background_sync(self) -> None:
         """fsync a duplicate of the open segment's fd, on the sync thread, while writes go on."""
@@ -358,8 +375,8 @@ class WriteAheadLog:
             self._sync_dir()
         elif self.policy == "interval":
             if old is not None:
-                self._syncer.submit(self._sync_and_close, old, dirty)
-            self._syncer.submit(self._sync_dir)
+                self._in_background(self._sync_and_close, old, dirty)
+            self._in_background(self._sync_dir)
         elif old is not None:
             os.close(old)
 

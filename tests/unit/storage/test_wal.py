@@ -19,6 +19,8 @@ from kapok.storage import wal as wal_module
 from kapok.storage.records import FrameReader
 from kapok.storage.wal import WriteAheadLog, list_segments
 
+T = 10.0  # upper bound of every wait
+
 
 def _records(n: int, start: int = 0) -> list[Change]:
     return [GroupCreated("t", f"g{i}", float(i)) for i in range(start, start + n)]
@@ -134,7 +136,7 @@ async def test_concurrent_appends_keep_the_log_in_order_across_segments(tmp_path
 
 
 @pytest.mark.parametrize("policy", ["always", "interval", "never"])
-async def test_small_writes_stay_on_the_loop_only_without_fsync(
+async def test_small_writes_stay_on_the_loop_unless_an_fsync_is_due(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str
 ) -> None:
     writers: list[str] = []
@@ -151,10 +153,49 @@ async def test_small_writes_stay_on_the_loop_only_without_fsync(
     big = [GroupCreated("t", "g" * 200, float(i)) for i in range(wal_module.INLINE_WRITE_BYTES // 200)]
     for records in (small, small, big, small):  # the first write opens the segment
         await wal.append(records)
+        for _ in range(1000):  # the fsync of the directory, after the segment was created
+            if not wal._background_jobs:
+                break
+            await asyncio.sleep(0.01)
     await wal.aclose()
     loop_thread = threading.current_thread().name
     on_loop = [name == loop_thread for name in writers]
-    # Opening a segment, a write past INLINE_WRITE_BYTES and every write of a policy that
-    # fsyncs (before the ack, or in the background) go to the writer thread.
-    assert on_loop == ([False, True, False, True] if policy == "never" else [False] * 4)
+    # Opening a segment, a write past INLINE_WRITE_BYTES and every write that an ack's fsync
+    # follows go to the writer thread (no background fsync runs here: it is due after 1 s).
+    assert on_loop == ([False] * 4 if policy == "always" else [False, True, False, True])
     assert _read_log(tmp_path) == small + small + big + small
+
+
+async def test_no_write_is_made_on_the_loop_while_a_background_fsync_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writers: list[str] = []
+    real_writev = wal_module.os.writev
+
+    def writev(fd: int, parts: list[bytes]) -> int:
+        writers.append(threading.current_thread().name)
+        return real_writev(fd, parts)
+
+    syncing, release = threading.Event(), threading.Event()
+
+    def slow_fsync(fd: int) -> None:  # background fsyncs, held until the test lets them go
+        syncing.set()
+        release.wait(T)
+
+    monkeypatch.setattr(wal_module.os, "writev", writev)
+    wal = WriteAheadLog(
+        tmp_path, policy="interval", interval_ms=5, segment_max_bytes=1 << 22, fsync=slow_fsync
+    )
+    wal.start(0)
+    try:
+        # Opening the segment queues an fsync of the directory; then the interval's fsyncs.
+        await wal.append(_records(2))
+        assert await asyncio.to_thread(syncing.wait, T)
+        for i in range(3):
+            await wal.append(_records(2, 2 + 2 * i))
+            await asyncio.sleep(0.01)
+        assert threading.current_thread().name not in writers  # the writer thread took them all
+    finally:
+        release.set()
+        await wal.aclose()
+    assert _read_log(tmp_path) == _records(8)
