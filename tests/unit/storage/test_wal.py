@@ -3,7 +3,8 @@
 Written frames reach the archive sink byte for byte as the log holds them, in
 order, in a few batches gathered over time rather than one call per write, and
 a clean close hands over whatever is still queued, while the log keeps every
-record in append order, across segment rotations.
+record in append order, across segment rotations; small writes that no fsync
+waits for are made on the event loop, but never while an fsync is to be done.
 """
 
 from __future__ import annotations
@@ -135,18 +136,24 @@ async def test_concurrent_appends_keep_the_log_in_order_across_segments(tmp_path
     assert _read_log(tmp_path) == appended
 
 
-@pytest.mark.parametrize("policy", ["always", "interval", "never"])
-async def test_small_writes_stay_on_the_loop_unless_an_fsync_is_due(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str
-) -> None:
-    writers: list[str] = []
+@pytest.fixture
+def writers(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the threads that write to the log, in order."""
+    names: list[str] = []
     real_writev = wal_module.os.writev
 
     def writev(fd: int, parts: list[bytes]) -> int:
-        writers.append(threading.current_thread().name)
+        names.append(threading.current_thread().name)
         return real_writev(fd, parts)
 
     monkeypatch.setattr(wal_module.os, "writev", writev)
+    return names
+
+
+@pytest.mark.parametrize("policy", ["always", "interval", "never"])
+async def test_small_writes_stay_on_the_loop_unless_an_fsync_is_due(
+    tmp_path: Path, writers: list[str], policy: str
+) -> None:
     wal = WriteAheadLog(tmp_path, policy=policy, interval_ms=1000, segment_max_bytes=1 << 22)
     wal.start(0)
     small = _records(3)
@@ -167,22 +174,14 @@ async def test_small_writes_stay_on_the_loop_unless_an_fsync_is_due(
 
 
 async def test_no_write_is_made_on_the_loop_while_a_background_fsync_runs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, writers: list[str]
 ) -> None:
-    writers: list[str] = []
-    real_writev = wal_module.os.writev
-
-    def writev(fd: int, parts: list[bytes]) -> int:
-        writers.append(threading.current_thread().name)
-        return real_writev(fd, parts)
-
     syncing, release = threading.Event(), threading.Event()
 
     def slow_fsync(fd: int) -> None:  # background fsyncs, held until the test lets them go
         syncing.set()
         release.wait(T)
 
-    monkeypatch.setattr(wal_module.os, "writev", writev)
     wal = WriteAheadLog(
         tmp_path, policy="interval", interval_ms=5, segment_max_bytes=1 << 22, fsync=slow_fsync
     )
