@@ -186,7 +186,8 @@ def run(settings: ArchiveSettings, fd: int) -> None:
                 pending += chunk
                 whole = complete_frames(pending)
                 if whole:
-                    frames = bytes(pending[:whole])
+                    with memoryview(pending) as view:  # one copy, not a bytearray slice copied again
+                        frames = bytes(view[:whole])
                     del pending[:whole]
                     _archive(archive, frames)
             if time.monotonic() >= next_maintenance:
