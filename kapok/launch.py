@@ -1,0 +1,219 @@
+"""Start and stop real ``kapok serve`` processes: one node, or several as one gossip cluster.
+
+Shipped tooling uses it (``kapok bench``, ``kapok local-cluster``, the gossip measurements
+of ``kapok.cluster.realrun``), and so do the end-to-end tests. Each node gets its own
+working directory and port 0; ``start_node`` waits for the node's "listening on" line
+(with a deadline); callers stop what they started, by PID, never by name.
+
+``start_cluster`` starts the first node, then the others at once (each in its own thread,
+so start-up costs one node's time, not n), all joining through the first node's gossip
+address.
+"""
+
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "NodeProcess",
+    "cluster_sets",
+    "nodes_view",
+    "start_cluster",
+    "start_node",
+    "stop_all",
+    "wait_for",
+]
+
+_LISTENING = re.compile(r"listening on (http://\S+)")
+_GOSSIP = re.compile(r"gossip on (\S+)")
+
+
+class NodeProcess:
+    """A running node; ``url`` is its HTTP base URL, ``output`` what it printed so far."""
+
+    def __init__(
+        self, proc: subprocess.Popen[str], url: str, workdir: Path, lines: list[str], reader: threading.Thread
+    ) -> None:
+        self.proc = proc
+        self.url = url
+        self.workdir = workdir
+        self._lines = lines
+        self._reader = reader
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def ws_url(self) -> str:
+        return "ws" + self.url.removeprefix("http")
+
+    @property
+    def gossip_addr(self) -> str:
+        """The gossip address the node printed (``cluster.enabled`` only)."""
+        match = _GOSSIP.search(self.output)
+        if match is None:
+            raise RuntimeError("this node printed no gossip address (is cluster.enabled set?)")
+        return match.group(1)
+
+    @property
+    def output(self) -> str:
+        return "".join(self._lines)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 10.0) -> int:
+        """SIGTERM, then SIGKILL if it does not exit in ``timeout_s``; returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout_s)
+        self._reader.join(timeout_s)
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, as far as the node can tell."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10.0)
+        self._reader.join(10.0)
+
+
+def start_node(
+    workdir: Path,
+    *sets: str,
+    config_text: str | None = None,
+    timeout_s: float = 20.0,
+    env: dict[str, str] | None = None,
+    launcher: Sequence[str] = ("-m", "kapok"),
+) -> NodeProcess:
+    """Start ``python -m kapok serve`` in ``workdir`` on a free port and wait until it listens.
+    ``launcher`` replaces ``-m kapok`` (e.g. with ``kapok.faulty`` and its options)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, *launcher, "serve", "--set", "server.port=0"]
+    if config_text is not None:
+        (workdir / "application.yaml").write_text(config_text)
+        args += ["-c", str(workdir / "application.yaml")]
+    for item in sets:
+        args += ["--set", item]
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("KAPOK_")}
+    child_env.update(env or {})
+    proc = subprocess.Popen(
+        args,
+        cwd=workdir,
+        env=child_env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    found = threading.Event()
+    url: list[str] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        with proc.stdout:
+            for line in proc.stdout:
+                lines.append(line)
+                match = _LISTENING.search(line)
+                if match and not url:
+                    url.append(match.group(1))
+                    found.set()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout_s
+    while not found.wait(0.05):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait(10.0)
+            reader.join(10.0)
+            raise RuntimeError(f"kapok serve did not start:\n{''.join(lines)[-2000:]}")
+    return NodeProcess(proc, url[0], workdir, lines, reader)
+
+
+
+
+
+
+
+def cluster_sets(profile: str = "fast", seeds: Sequence[str] = ()) -> list[str]:
+    """``--set`` items for a gossip node on loopback, port 0."""
+    sets = ["cluster.enabled=true", "cluster.bind=127.0.0.1:0", f"cluster.profile={profile}"]
+    if seeds:
+        sets.append(f"cluster.seeds=[{', '.join(seeds)}]")
+    return sets
+
+
+def start_cluster(
+    base: Path,
+    count: int,
+    *sets: str,
+    profile: str = "fast",
+    node_sets: Callable[[int], Sequence[str]] = lambda i: (),
+    launcher: Callable[[int], Sequence[str]] = lambda i: ("-m", "kapok"),
+) -> list[NodeProcess]:
+    """``count`` nodes in ``base/node<i>``; node 0 is every other node's seed."""
+    first = start_node(base / "node0", *cluster_sets(profile), *sets, *node_sets(0), launcher=launcher(0))
+    nodes = [first]
+    try:
+        seed = first.gossip_addr
+
+        def start(i: int) -> NodeProcess:
+            node_args = (*cluster_sets(profile, [seed]), *sets, *node_sets(i))
+            return start_node(base / f"node{i}", *node_args, launcher=launcher(i))
+
+        with ThreadPoolExecutor(max_workers=max(1, count - 1)) as pool:
+            futures = [pool.submit(start, i) for i in range(1, count)]
+        nodes.extend(f.result() for f in futures if f.exception() is None)  # all, to stop them on failure
+        for future in futures:
+            future.result()  # the first start-up failure, if any
+    except BaseException:
+        stop_all(nodes)
+        raise
+    return nodes
+
+
+def stop_all(nodes: Sequence[NodeProcess]) -> None:
+    for node in nodes:
+        node.stop()
+
+
+def nodes_view(node: NodeProcess, timeout_s: float = 2.0) -> dict[str, dict[str, Any]]:
+    """``GET /cluster/nodes`` of one node, by member name; {} when it does not answer."""
+    try:
+        with urllib.request.urlopen(node.url + "/cluster/nodes", timeout=timeout_s) as response:
+            rows: list[dict[str, Any]] = json.loads(response.read())
+    except OSError:
+        return {}
+    return {row["name"]: row for row in rows}
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, interval_s: float = 0.02) -> float:
+    """Poll ``condition`` until true; return the seconds it took. TimeoutError past the deadline."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout_s:
+            raise TimeoutError(f"condition not met within {timeout_s} s")
+        time.sleep(interval_s)
+    return time.monotonic() - start
