@@ -20,7 +20,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from kapok.testing.process import NodeProcess, start_node
+from kapok.launch import NodeProcess, start_node
 
 __all__ = ["LocalNode", "Node", "RemoteNode", "proc_cpu_s", "proc_rss_bytes", "wait_health"]
 

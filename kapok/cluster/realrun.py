@@ -12,7 +12,7 @@ On one loopback cluster of ``--nodes`` processes, ``--runs`` times each:
 * R3 a graceful stop (SIGTERM): seconds until every other node logged it ``left``.
 
 ``--scenario r4``: every node drops 10% of its datagrams each way; ``r5``: one node blocks
-its event loop 2 s every 10 s (both through ``kapok.testing.faulty``): false deaths and
+its event loop 2 s every 10 s (both through ``kapok.faulty``): false deaths and
 suspicions over ``--seconds``, and the stalled node's health score.
 
 Times come from the nodes' own log lines (millisecond timestamps), not from polling, so
@@ -33,8 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from kapok.testing.cluster import cluster_sets, nodes_view, start_cluster, stop_all, wait_for
-from kapok.testing.process import NodeProcess, start_node
+from kapok.launch import NodeProcess, cluster_sets, nodes_view, start_cluster, start_node, stop_all, wait_for
 
 __all__ = ["main"]
 
@@ -170,7 +169,7 @@ def run_faults(nodes_count: int, profile: str, base: Path, *, loss: float, stall
             faults += ("--loss", str(loss), "--seed", str(i))
         if stalled and i == 1:
             faults += ("--block-s", "2", "--every-s", "10", "--until-s", str(duration_s))
-        return ("-m", "kapok.testing.faulty", *faults, "--")
+        return ("-m", "kapok.faulty", *faults, "--")
 
     nodes = start_cluster(base, nodes_count, "cluster.secret=bench", profile=profile, launcher=launcher)
     out: dict[str, float] = {}

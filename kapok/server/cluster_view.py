@@ -74,6 +74,7 @@ def member_rows(app: web.Application) -> list[dict[str, Any]]:
             "state": m.state.value,
             "incarnation": m.incarnation,
             "role": m.meta.role,
+            "active": m.meta.role == "master",  # takes producers and consumers (replication refines it)
             "pair": m.meta.pair,
             "epoch": 0,  # replication's fencing epoch; 0 until a failover happens
             "version": m.meta.version,

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from kapok.testing import NodeProcess, nodes_view, start_cluster, start_node, stop_all, wait_for
-from kapok.testing.cluster import cluster_sets
+from kapok.launch import NodeProcess, cluster_sets, nodes_view, start_cluster, start_node, stop_all, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 

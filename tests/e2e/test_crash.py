@@ -68,7 +68,7 @@ import aiohttp
 import orjson
 import pytest
 
-from kapok.testing import NodeProcess, start_node
+from kapok.launch import NodeProcess, start_node
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 import pytest
 
-from kapok.testing import start_node
+from kapok.launch import start_node
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from kapok.testing import start_node
+from kapok.launch import start_node
 
 pytestmark = pytest.mark.e2e
 
