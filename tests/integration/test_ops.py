@@ -99,7 +99,8 @@ async def test_cluster_nodes(node: Any, session: aiohttp.ClientSession) -> None:
         members = await resp.json()
     assert isinstance(members, list) and len(members) == 1
     (me,) = members
-    for field in ("name", "http_url", "gossip_addr", "state", "incarnation", "role", "active", "pair", "epoch"):
+    fields = ("name", "http_url", "gossip_addr", "state", "incarnation", "role", "active", "pair", "epoch")
+    for field in fields:
         assert field in me, field
     assert me["http_url"] == node.url
     assert me["state"] == "alive" and me["role"] == "master"
