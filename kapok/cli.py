@@ -10,7 +10,6 @@ or 1 (anything else the broker reports, such as a port already in use).
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
@@ -188,13 +187,9 @@ def _cmd_version(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    config = _load(args)
+    from kapok.server.runner import serve
 
-    # Imported by name so this module type-checks before the server package exists;
-    # the runner's contract is ``serve(config: Config) -> None``, blocking until a signal.
-    runner = importlib.import_module("kapok.server.runner")
-    serve: Callable[[Config], None] = runner.serve
-    serve(config)
+    serve(_load(args))  # blocks until SIGINT or SIGTERM
     return 0
 
 

@@ -1,11 +1,24 @@
-"""Where "now" comes from. Pure code takes ``now`` as an argument; drivers ask a Clock."""
+"""Where "now" comes from. Pure code takes ``now`` as an argument; drivers ask a Clock.
+
+A clock also schedules: the broker service's timer (the core's next deadline) and
+long-poll time-outs go through ``call_at``, so a test's manual clock
+(``kapok.testing.ManualClock``) drives ack deadlines, delayed releases and long polls
+without waiting on the wall clock. Network time-outs (handshakes, heartbeats) stay on
+the event loop's own clock: they are about sockets, not about the broker's rules.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["Clock", "SystemClock"]
+__all__ = ["Clock", "SystemClock", "Timer"]
+
+
+class Timer(Protocol):
+    def cancel(self) -> None: ...
 
 
 class Clock(Protocol):
@@ -13,7 +26,14 @@ class Clock(Protocol):
         """Unix time in seconds."""
         ...
 
+    def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
+        """Run ``callback`` once ``time()`` has reached ``when`` (unix seconds)."""
+        ...
+
 
 class SystemClock:
     def time(self) -> float:
         return time.time()
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
+        return asyncio.get_running_loop().call_later(max(when - time.time(), 0.0), callback)

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from kapok.cluster.config import SwimConfig
+from kapok.core.settings import BrokerSettings, TopicSettings
 from kapok.errors import ConfigError
 
 __all__ = [
@@ -42,7 +42,6 @@ __all__ = [
     "ReplicationConfig",
     "ServerConfig",
     "StorageConfig",
-    "TopicConfig",
     "TopicOverride",
     "env_var_name",
     "is_loopback",
@@ -141,20 +140,6 @@ class TopicOverride:
 
 
 @dataclass(frozen=True, slots=True)
-class TopicConfig:
-    """The effective settings of one topic (mq defaults merged with its override)."""
-
-    push_type: int  # 1 = p2p (one shared group), 2 = pub/sub (a group per consumer)
-    ack_timeout_s: float  # seconds before an unacked delivery is retried
-    max_deliveries: int  # attempts before dead-lettering, 0 = unlimited
-    max_length: int  # messages held, 0 = unlimited
-    max_bytes: int  # payload bytes held, 0 = unlimited
-    overflow: str  # "reject" | "drop_oldest"
-    ttl_s: float  # default message TTL, seconds, 0 = none
-    retain_consumed_s: float  # seconds a consumed message is kept
-
-
-@dataclass(frozen=True, slots=True)
 class MqConfig:
     secret_key: str = DEFAULT_SECRET_KEY  # shared key for producers, consumers, console and sync
     push_type: int = _opt(1, choices=_PUSH_TYPES)  # default topic mode: 1 = p2p, 2 = pub/sub
@@ -175,14 +160,29 @@ class MqConfig:
     producer_burst: int = _opt(1000, lo=1)  # token-bucket size of that limit, messages
     topics: Mapping[str, TopicOverride] = field(default_factory=FrozenMap)  # per-topic overrides
 
-    def topic(self, name: str) -> TopicConfig:
+    def topic(self, name: str) -> TopicSettings:
         """The effective settings of topic ``name`` (exact name match, no patterns)."""
         over = self.topics.get(name, _NO_OVERRIDE)
         values = {
             f.name: getattr(self, f.name) if getattr(over, f.name) is None else getattr(over, f.name)
             for f in dataclasses.fields(TopicOverride)
         }
-        return TopicConfig(**values)
+        return TopicSettings(**values)
+
+    def settings(self) -> BrokerSettings:
+        """What the broker core reads of this section."""
+        return BrokerSettings(
+            topic_defaults=self.topic(""),
+            prefetch=self.prefetch,
+            max_message_bytes=self.max_message_bytes,
+            dedup_window_s=self.dedup_window_s,
+            dedup_max_entries=self.dedup_max_entries,
+            expired=self.expired,
+            retain_consumed_max=self.retain_consumed_max,
+            producer_rate=self.producer_rate,
+            producer_burst=self.producer_burst,
+            topic_overrides={name: self.topic(name) for name in self.topics},
+        )
 
 
 _NO_OVERRIDE = TopicOverride()
@@ -205,7 +205,8 @@ class StorageConfig:
 class GossipTuning:
     """Overrides of the ``cluster.profile`` timings; None = the profile's value.
 
-    The names are those of ``kapok.cluster.config.SwimConfig``, which documents each one."""
+    The names are those of ``kapok.cluster.config.SwimConfig``, which documents each one
+    and checks the rules across them (``swim_config`` builds it when the node starts)."""
 
     probe_interval_s: float | None = _opt(None, gt=0)  # one probe per interval
     probe_timeout_s: float | None = _opt(None, gt=0)  # wait for a direct ack before indirect probes
@@ -233,15 +234,6 @@ class ClusterConfig:
     secret: tuple[str, ...] = ()  # gossip HMAC keys: the first signs, all are accepted (rotation)
     profile: str = _opt("lan", choices=("lan", "fast"))  # timing profile: lan, or fast (tests, demos)
     tuning: GossipTuning = field(default_factory=GossipTuning)  # per-timing overrides of the profile
-
-    def swim(self) -> SwimConfig:
-        """The protocol timings: the profile with the ``tuning`` overrides applied."""
-        overrides = {
-            f.name: getattr(self.tuning, f.name)
-            for f in dataclasses.fields(GossipTuning)
-            if getattr(self.tuning, f.name) is not None
-        }
-        return SwimConfig.profile(self.profile, **overrides)
 
 
 @dataclass(frozen=True, slots=True)
@@ -563,10 +555,6 @@ def validate_config(config: Config) -> None:
         )
     if any(not key for key in cluster.secret):
         raise ConfigError("cluster.secret: a key must not be empty")
-    try:
-        cluster.swim()
-    except ValueError as exc:
-        raise ConfigError(f"cluster.tuning: {exc}") from None
     if cluster.enabled and not cluster.advertise and cluster.bind.rpartition(":")[0] in ("0.0.0.0", "[::]"):
         raise ConfigError(
             f"cluster.advertise: required when cluster.bind is a wildcard address ({cluster.bind!r}): "

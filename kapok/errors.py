@@ -17,7 +17,7 @@ compatibility routes), and the client maps ``code`` back to the same class::
      │    ├── QueueFullError          topic over max_length / max_bytes (policy reject)
      │    ├── RateLimitedError        producer over its token bucket
      │    ├── UnknownCodeError        ack / nack / touch of a code not held
-     │    ├── MessageNotFoundError
+     │    ├── NotFoundError           no such message, topic or group
      │    └── SubscriptionError       unknown subscription id, duplicate, bad group
      └── StorageError                 reserved for the storage layer
 """
@@ -32,8 +32,8 @@ __all__ = [
     "BrokerError",
     "ConfigError",
     "KapokError",
-    "MessageNotFoundError",
     "MessageTooLargeError",
+    "NotFoundError",
     "ProtocolError",
     "QueueFullError",
     "RateLimitedError",
@@ -118,7 +118,9 @@ class UnknownCodeError(BrokerError):
         self.codes = codes or []
 
 
-class MessageNotFoundError(BrokerError):
+class NotFoundError(BrokerError):
+    """No such message, topic or group (settling never creates one)."""
+
     code = "not_found"
     http_status = 404
 

@@ -1,16 +1,13 @@
 """The node under test: one started by the bench (its own process, a fresh temporary
 directory per case) or an existing one reached through ``--url``.
 
-CPU seconds (``utime + stime`` from ``/proc/<pid>/stat``) and RSS (``VmRSS`` from
-``/proc/<pid>/status``) are read only when the node's PID is known and local: a node the
-bench started, or ``--node-pid`` given with ``--url``. Both include the node's child
+CPU seconds and RSS (``kapok.bench.proc``) are read only when the node's PID is known
+and local: a node the bench started, or ``--node-pid`` given with ``--url``. Both include the node's child
 processes (its archiver): they are part of what running a node costs.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import shutil
 import tempfile
@@ -20,59 +17,13 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from kapok.bench.proc import cpu_s, rss_bytes
 from kapok.launch import NodeProcess, start_node
 
-__all__ = ["LocalNode", "Node", "RemoteNode", "proc_cpu_s", "proc_rss_bytes", "wait_health"]
+__all__ = ["LocalNode", "Node", "RemoteNode", "wait_health"]
 
 RECOVERED = re.compile(r"recovered (\d+) messages in ([0-9.]+) s")
 START_TIMEOUT_S = 120.0  # a restart may replay a long WAL
-
-
-def _tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (those that are still running)."""
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        with contextlib.suppress(OSError):
-            for task in os.listdir(f"/proc/{current}/task"):
-                with open(f"/proc/{current}/task/{task}/children") as f:
-                    todo.extend(int(child) for child in f.read().split())
-    return found
-
-
-def _cpu_s(pid: int) -> float | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _rss_bytes(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def proc_cpu_s(pid: int | None) -> float | None:
-    """CPU seconds of ``pid`` and its children; None when ``pid`` cannot be read."""
-    if pid is None or (own := _cpu_s(pid)) is None:
-        return None
-    return own + sum(_cpu_s(child) or 0.0 for child in _tree(pid)[1:])
-
-
-def proc_rss_bytes(pid: int | None) -> int | None:
-    """RSS of ``pid`` and its children; None when ``pid`` cannot be read."""
-    if pid is None or (own := _rss_bytes(pid)) is None:
-        return None
-    return own + sum(_rss_bytes(child) or 0 for child in _tree(pid)[1:])
 
 
 def wait_health(http_url: str, timeout_s: float) -> bool:
@@ -105,10 +56,10 @@ class Node:
         return None
 
     def cpu_s(self) -> float | None:
-        return proc_cpu_s(self.pid)
+        return cpu_s(self.pid)
 
     def rss_bytes(self) -> int | None:
-        return proc_rss_bytes(self.pid)
+        return rss_bytes(self.pid)
 
     def close(self) -> None:
         return None

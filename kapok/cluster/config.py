@@ -101,3 +101,4 @@ FAST = SwimConfig(
     reconnect_interval_s=3.0,
 )
 PROFILES: dict[str, SwimConfig] = {"lan": LAN, "fast": FAST}
+

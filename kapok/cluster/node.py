@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import struct
@@ -26,11 +27,13 @@ from collections import Counter
 from collections.abc import Callable
 
 from kapok.cluster.codec import KeyRing
+from kapok.cluster.config import SwimConfig
 from kapok.cluster.messages import Effect, MemberChanged, NodeMeta, NodeState, Send, SendStream, State
 from kapok.cluster.swim import Swim
 from kapok.config import ClusterConfig
+from kapok.errors import ConfigError
 
-__all__ = ["GossipNode", "format_addr", "split_addr"]
+__all__ = ["GossipNode", "format_addr", "split_addr", "swim_config"]
 
 log = logging.getLogger("kapok.cluster")
 
@@ -54,6 +57,21 @@ def format_addr(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def swim_config(cluster: ClusterConfig) -> SwimConfig:
+    """A node's protocol timings: its ``cluster.profile`` with the ``cluster.tuning``
+    overrides applied; a combination that breaks a rule of ``SwimConfig`` is a ConfigError."""
+    tuning = cluster.tuning
+    overrides = {
+        f.name: getattr(tuning, f.name)
+        for f in dataclasses.fields(tuning)
+        if getattr(tuning, f.name) is not None
+    }
+    try:
+        return SwimConfig.profile(cluster.profile, **overrides)
+    except ValueError as exc:
+        raise ConfigError(f"cluster.tuning: {exc}") from None
+
+
 class _Datagrams(asyncio.DatagramProtocol):
     def __init__(self, node: GossipNode) -> None:
         self.node = node
@@ -71,7 +89,7 @@ class GossipNode:
 
     def __init__(self, config: ClusterConfig, meta: NodeMeta, *, rng: random.Random | None = None) -> None:
         self.config = config
-        self.swim_config = config.swim()
+        self.swim_config = swim_config(config)
         self.meta = meta
         self.keyring = KeyRing(key.encode() for key in config.secret)
         self.rng = rng or random.Random()
@@ -271,8 +289,14 @@ class GossipNode:
     def _changed(self, change: MemberChanged) -> None:
         if change.name != self.meta.name and change.state is not change.previous:
             level = logging.WARNING if change.state in (State.SUSPECT, State.DEAD) else logging.INFO
-            log.log(level, "member %s (%s) is %s (incarnation %d)", change.name, change.addr,
-                    change.state.value, change.incarnation)
+            log.log(
+                level,
+                "member %s (%s) is %s (incarnation %d)",
+                change.name,
+                change.addr,
+                change.state.value,
+                change.incarnation,
+            )
         for listener in self._listeners:
             try:
                 listener(change)

@@ -1,8 +1,8 @@
 """The broker's rules as one pure state machine.
 
 Theory of operation. ``Broker`` holds every topic, group, message and
-consumer of one node. Callers (the server's drivers, the tests, later the
-WAL replay and the slave) feed it events with the current time ``now``
+consumer of one node. Callers (the server's drivers, the tests, the WAL
+replay, a replication slave) feed it events with the current time ``now``
 (unix seconds) and read back what to do:
 
 * ``take_pushes()``: per consumer id, the entries to send, in order. One
@@ -12,10 +12,12 @@ WAL replay and the slave) feed it events with the current time ``now``
 * ``take_woken()``: groups with long-poll waiters that got ready entries.
 * ``next_deadline()``: when ``tick(now)`` must next be called.
 
-Timers never scan: delayed messages and TTLs sit in sorted lists
-(sortedcontainers), retention and ack deadlines in FIFOs per period
-(``RetentionQueue``, ``DeadlineQueues``), so a tick costs only the work
-that is due.
+Two components sit beside the state table: ``Admission`` decides whether
+a publish batch may be stored (validation, duplicates, quotas, rate limit),
+and ``Timers`` holds every due time (delayed releases, TTLs, ack deadlines,
+retention) without ever scanning, so a tick costs only the work that is
+due. Recovery and replication rebuild state through the ``restore_*``,
+``resume`` and ``retire`` seams (``kapok.core.replay``).
 
 The hot path is publish -> deliver -> ack of plain messages, a few
 microseconds each: per-batch work (code prefix, topic lookups, counters,
@@ -32,33 +34,25 @@ nothing is forgotten until it is final (consumed, dead, expired, dropped).
 
 from __future__ import annotations
 
+import enum
 import sys
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from sortedcontainers import SortedList
-
-from kapok.config import MqConfig
 from kapok.core import changes as ch
+from kapok.core.admission import Admission
 from kapok.core.frozen import record
-from kapok.core.limits import DedupWindow, RateLimiter, RetentionQueue
 from kapok.core.model import CodeMaker, Consumer, Entry, Message, Status, code_prefix
 from kapok.core.routing import compile_pattern
-from kapok.core.timers import DeadlineQueues
+from kapok.core.settings import BrokerSettings
+from kapok.core.timers import Timers
 from kapok.core.topics import DEFAULT_GROUP, Group, Topic
-from kapok.errors import (
-    BadRequestError,
-    MessageTooLargeError,
-    QueueFullError,
-    RateLimitedError,
-    SubscriptionError,
-)
+from kapok.errors import BadRequestError, NotFoundError, SubscriptionError
 
-__all__ = ["Broker", "Draft", "Stats"]
+__all__ = ["Broker", "Draft", "Settle", "Stats"]
 
 MAX_NAME_CHARS = 255
-MAX_PRIORITY = 9
 _READY, _DELAYED, _INFLIGHT = Status.READY, Status.DELAYED, Status.INFLIGHT
 
 
@@ -93,7 +87,14 @@ class Stats:
     dropped: int = 0
     deleted: int = 0
     unrouted: int = 0  # published with no group to go to (pub/sub, nobody listening)
-    by_topic_published: dict[str, int] = field(default_factory=dict)
+
+
+class Settle(enum.Enum):
+    """How ``settle_in_group`` settles a leased message."""
+
+    ACK = "ack"
+    REQUEUE = "requeue"  # a nack that gives the message back to the queue
+    REJECT = "reject"  # a nack that dead-letters it
 
 
 def check_name(kind: str, name: str) -> str:
@@ -105,23 +106,21 @@ def check_name(kind: str, name: str) -> str:
 
 
 class Broker:
-    def __init__(self, cfg: MqConfig, node_id: int = 0, *, journal: bool = False, first_seq: int = 1) -> None:
-        self.cfg = cfg
+    def __init__(
+        self, settings: BrokerSettings, node_id: int = 0, *, journal: bool = False, first_seq: int = 1
+    ) -> None:
+        self.settings = settings
         self.node_id = node_id
         self.journal = journal
         self.stats = Stats()
         self.topics: dict[str, Topic] = {}
         self.consumers: dict[int, Consumer] = {}
         self.messages: dict[str, Message] = {}  # live and retained, by code
+        self.admission = Admission(settings)
+        self.timers = Timers(settings.retain_consumed_max)
         self._seq = first_seq
         self._codes = CodeMaker()
         self._next_consumer = 1
-        self._delayed: SortedList = SortedList()  # (deliver_at, seq, msg)
-        self._expiring: SortedList = SortedList()  # (expire_at, seq, msg)
-        self._retained: RetentionQueue[Message] = RetentionQueue(cfg.retain_consumed_max)
-        self._deadlines = DeadlineQueues()
-        self._dedup = DedupWindow(cfg.dedup_window_s, cfg.dedup_max_entries)
-        self._limiter = RateLimiter(cfg.producer_rate, cfg.producer_burst)
         self._pushes: dict[int, list[Entry]] = {}
         self._changes: list[ch.Change] = []
         self._dirty: set[Group] = set()
@@ -146,9 +145,7 @@ class Broker:
         return woken
 
     def next_deadline(self) -> float | None:
-        heads = [lst[0][0] for lst in (self._delayed, self._expiring) if lst]
-        heads.extend(t for t in (self._deadlines.next_due(), self._retained.next_due()) if t is not None)
-        return min(heads) if heads else None
+        return self.timers.next_due()
 
     # ------------------------------------------------------------ topics and groups
 
@@ -160,7 +157,7 @@ class Broker:
         return topic
 
     def _make_topic(self, name: str) -> Topic:
-        topic = self.topics[name] = Topic(name, self.cfg.topic(name))
+        topic = self.topics[name] = Topic(name, self.settings.topic(name))
         if topic.cfg.push_type == 1 or topic.is_dlq:
             self._group(topic, DEFAULT_GROUP, durable=True, now=0.0)
         return topic
@@ -184,7 +181,9 @@ class Broker:
         pending.extend(group.parked)
         if topic.delayed_count:
             pending.extend(
-                e for _, _, m in self._delayed if m.topic == topic.name and (e := m.entry(group.name))
+                e
+                for m in self.timers.delayed_messages()
+                if m.topic == topic.name and (e := m.entry(group.name))
             )
         for entry in pending:
             msg = entry.msg
@@ -200,100 +199,31 @@ class Broker:
     # ------------------------------------------------------------ publish
 
     def publish(self, drafts: Iterable[Draft], now: float) -> list[str]:
-        """Accept a batch atomically: every draft is checked before any is stored."""
+        """Accept a batch atomically: ``Admission`` checks every draft before any is stored."""
         drafts = drafts if isinstance(drafts, list) else list(drafts)
-        max_bytes = self.cfg.max_message_bytes
-        first_topic = drafts[0].topic if drafts else ""
-        one_topic = True
-        any_dedup = False
-        for d in drafts:
-            if len(d.data) > max_bytes:
-                raise MessageTooLargeError(
-                    f"message of {len(d.data)} bytes is over max_message_bytes ({max_bytes})"
-                )
-            if not 0 <= d.priority <= MAX_PRIORITY:
-                raise BadRequestError(f"priority must be 0 to {MAX_PRIORITY}, got {d.priority}")
-            if d.ttl_s < 0:
-                raise BadRequestError("ttl_s must not be negative")
-            if d.dedup_id:
-                any_dedup = True
-            if d.topic != first_topic:
-                one_topic = False
-        # Duplicates are answered with the original code and take no room.
-        # Each slot: None (store it), a known code, or the index of an earlier
-        # draft of this batch with the same dedup id.
-        codes: list[str | int | None] = [None] * len(drafts)
-        if any_dedup:
-            per_topic = self._drop_duplicates(drafts, codes, now)
-        elif one_topic:
-            per_topic = {first_topic: len(drafts)} if drafts else {}
-        else:
-            per_topic = {}
-            for d in drafts:
-                per_topic[d.topic] = per_topic.get(d.topic, 0) + 1
-        for name, count in per_topic.items():
-            topic = self.topic(name)
-            cfg = topic.cfg
-            if not (cfg.max_length or cfg.max_bytes) or cfg.overflow != "reject":
-                continue
-            size = sum(
-                len(d.data) for d, slot in zip(drafts, codes, strict=True) if slot is None and d.topic == name
-            )
-            too_many = cfg.max_length and topic.live_count + count > cfg.max_length
-            too_big = cfg.max_bytes and topic.live_bytes + size > cfg.max_bytes
-            if too_many or too_big:
-                raise QueueFullError(
-                    f"topic {name!r} is full (max_length {cfg.max_length}, max_bytes {cfg.max_bytes})"
-                )
-        if self._limiter.enabled:
-            per_producer: dict[str, int] = {}
-            for d in drafts:
-                per_producer[d.producer_id] = per_producer.get(d.producer_id, 0) + 1
-            for producer, n in per_producer.items():
-                if not self._limiter.allow(producer, n, now):
-                    raise RateLimitedError(
-                        f"producer {producer!r} is over its publish rate of {self.cfg.producer_rate}/s"
-                    )
-        out: list[str] = []
+        admitted = self.admission.admit(drafts, self.topic, now)
         prefix = code_prefix(int(now * 1000), self.node_id)
         topics = self.topics
         store = self._store
-        if not any_dedup:  # the common batch: store every draft
+        slots = admitted.slots
+        if slots is None:  # the common batch: no dedup ids, store every draft
             out = [store(topics[d.topic], d, None, now, prefix).code for d in drafts]
         else:
-            for d, slot in zip(drafts, codes, strict=True):
+            out = []
+            dedup = self.admission.dedup
+            for d, slot in zip(drafts, slots, strict=True):
                 if slot is None:
                     code = store(topics[d.topic], d, None, now, prefix).code
                     if d.dedup_id:
-                        self._dedup.add(d.topic, d.dedup_id, code, now)
+                        dedup.add(d.topic, d.dedup_id, code, now)
                 else:
                     self.stats.duplicates += 1
                     code = out[slot] if isinstance(slot, int) else slot
                 out.append(code)
-        by_topic = self.stats.by_topic_published
-        for name, count in per_topic.items():
-            by_topic[name] = by_topic.get(name, 0) + count
+        for name in admitted.per_topic:
             self._enforce_limits(topics[name], now)
         self._dispatch(now)
         return out
-
-    def _drop_duplicates(
-        self, drafts: list[Draft], codes: list[str | int | None], now: float
-    ) -> dict[str, int]:
-        """Fill ``codes`` for the drafts that are duplicates; returns the fresh drafts per topic."""
-        per_topic: dict[str, int] = {}
-        seen: dict[tuple[str, str], int] = {}
-        for i, d in enumerate(drafts):
-            if d.dedup_id:
-                known: str | int | None = self._dedup.get(d.topic, d.dedup_id, now)
-                if known is None:
-                    known = seen.get((d.topic, d.dedup_id))
-                if known is not None:
-                    codes[i] = known
-                    continue
-                seen[(d.topic, d.dedup_id)] = i
-            per_topic[d.topic] = per_topic.get(d.topic, 0) + 1
-        return per_topic
 
     def _store(
         self, topic: Topic, d: Draft, headers: dict[str, str] | None, now: float, prefix: str
@@ -348,9 +278,9 @@ class Broker:
             topic.order.append(msg)
         if delayed:
             topic.delayed_count += len(groups)
-            self._delayed.add((deliver_at, seq, msg))
+            self.timers.delay(msg)
         if expire_at:
-            self._expiring.add((expire_at, seq, msg))
+            self.timers.expire(msg)
         return msg
 
     def _enforce_limits(self, topic: Topic, now: float) -> None:
@@ -383,7 +313,7 @@ class Broker:
         """Add a consumer; ``group=None`` joins the p2p default group or, on a
         pub/sub topic, a private group that lives as long as the subscription."""
         topic = self.topic(topic_name)
-        prefetch = self.cfg.prefetch if prefetch is None else prefetch
+        prefetch = self.settings.prefetch if prefetch is None else prefetch
         if not 1 <= prefetch <= 1_000_000:
             raise SubscriptionError(f"prefetch must be 1 to 1000000, got {prefetch}")
         if not 1 <= weight <= 1000:
@@ -462,7 +392,7 @@ class Broker:
         consumer.acked += acked
         self.stats.acked += acked
         if consumer.ack_timeout_s:
-            self._deadlines.prune(consumer.ack_timeout_s)
+            self.timers.deadlines.prune(consumer.ack_timeout_s)
         self._dirty.add(consumer.group)
         self._dispatch(now)
         return unknown
@@ -495,7 +425,7 @@ class Broker:
                 unknown.append(code)
             elif consumer.ack_timeout_s:
                 entry.deadline = now + consumer.ack_timeout_s
-                self._deadlines.add(entry.deadline, consumer.ack_timeout_s, entry)
+                self.timers.deadlines.add(entry.deadline, consumer.ack_timeout_s, entry)
         return unknown
 
     def _held_in_group(self, topic: str, group: str, code: str) -> Entry | None:
@@ -506,13 +436,15 @@ class Broker:
         return entry
 
     def settle_in_group(
-        self, topic: str, group: str, codes: Iterable[str], how: str, now: float
+        self, topic: str, group: str | None, codes: Iterable[str], how: Settle, now: float
     ) -> list[str]:
-        """Ack (``how="ack"``), requeue (``"requeue"``) or reject leased messages by group.
+        """Ack, requeue or reject leased messages by group (``None``: the p2p default group).
 
         Used by pull mode, where the lease is held by the group rather than by a
-        connection; returns the codes that were not in flight in that group.
+        connection; returns the codes that were not in flight in that group. Settling
+        creates nothing: an unknown topic or group is a ``NotFoundError``.
         """
+        group = self._existing_group(topic, group).name
         unknown: list[str] = []
         for code in codes:
             entry = self._held_in_group(topic, group, code)
@@ -522,10 +454,10 @@ class Broker:
             assert entry.consumer is not None
             entry.consumer.held.pop(code, None)
             self._dirty.add(entry.group)
-            if how == "ack":
+            if how is Settle.ACK:
                 self.stats.acked += 1
                 self._finish(entry, Status.CONSUMED, "ack", now)
-            elif how == "requeue":
+            elif how is Settle.REQUEUE:
                 self.stats.nacked += 1
                 self._requeue(entry, "nack", now)
             else:
@@ -533,6 +465,16 @@ class Broker:
                 self._dead_letter(entry, "rejected", now)
         self._dispatch(now)
         return unknown
+
+    def _existing_group(self, topic_name: str, group_name: str | None) -> Group:
+        topic = self.topics.get(topic_name)
+        if topic is None:
+            raise NotFoundError(f"no topic {topic_name!r}")
+        group = topic.groups.get(DEFAULT_GROUP if group_name is None else group_name)
+        if group is None or not group.durable:
+            what = "no default group (it is pub/sub)" if group_name is None else f"no group {group_name!r}"
+            raise NotFoundError(f"topic {topic_name!r} has {what}")
+        return group
 
     # ------------------------------------------------------------ pull mode
 
@@ -587,16 +529,15 @@ class Broker:
 
     def tick(self, now: float) -> None:
         """Do everything that is due at ``now``: releases, timeouts, expiry, retention."""
-        delayed = self._delayed
-        while delayed and delayed[0][0] <= now:
-            _, _, msg = delayed.pop(0)
+        timers = self.timers
+        for msg in timers.pop_released(now):
             topic = self.topics[msg.topic]
             for entry in msg.all_entries():
                 if entry.status is Status.DELAYED:
                     topic.delayed_count -= 1
                     entry.group.push_ready(entry)
                     self._dirty.add(entry.group)
-        timed_out = self._deadlines.pop_due(now)
+        timed_out = timers.pop_timed_out(now)
         for entry in timed_out:
             consumer = entry.consumer
             assert consumer is not None  # pop_due returns only entries still in flight
@@ -607,17 +548,76 @@ class Broker:
         for entry in reversed(timed_out):
             self.stats.timeouts += 1
             self._requeue(entry, "timeout", now)
-        expiring = self._expiring
-        while expiring and expiring[0][0] <= now:
-            _, _, msg = expiring.pop(0)
+        for msg in timers.pop_expired(now):
             if msg.live:
                 self._end_message(msg, Status.EXPIRED, "ttl", now)
         messages = self.messages
-        for msg in self._retained.pop_due(now):
+        for msg in timers.pop_forgotten(now):
             if messages.get(msg.code) is msg:  # not deleted meanwhile
                 del messages[msg.code]
             msg.forget()
-        self._dedup.expire(now)
+        self.admission.dedup.expire(now)
+        self._dispatch(now)
+
+    # ------------------------------------------------------------ recovery and replication
+
+    # ``kapok.core.replay`` rebuilds state from change records through these seams (the
+    # WAL at start-up, a slave's stream). They skip the checks a client's request gets:
+    # records hold only what was accepted once.
+
+    def restore_topic(self, name: str) -> Topic:
+        return self.topics.get(name) or self._make_topic(name)
+
+    def restore_group(self, topic: Topic, name: str, at: float) -> Group:
+        return self._group(topic, name, durable=True, now=at)
+
+    def restore_seq(self, next_seq: int) -> None:
+        """Codes made from now on use sequence numbers from ``next_seq`` up (never lower)."""
+        self._seq = max(self._seq, next_seq)
+
+    def resume(self, msg: Message, now: float) -> int:
+        """Make a replayed live message deliverable: its open entries go back to their queues
+        (or wait for ``deliver_at``, or are dead-lettered past ``max_deliveries``). Returns
+        how many of them had been delivered before (they are delivered again)."""
+        topic = self.topics[msg.topic]
+        timers = self.timers
+        topic.live_count += 1
+        topic.live_bytes += len(msg.data)
+        if topic.order is not None:
+            topic.order.append(msg)
+        if msg.expire_at:
+            timers.expire(msg)
+        delayed = msg.deliver_at > now
+        if delayed:
+            timers.delay(msg)
+        limit = topic.cfg.max_deliveries
+        redelivered = 0
+        for entry in msg.all_entries():
+            if entry.status.final:
+                continue
+            if entry.attempts:
+                redelivered += 1
+            if limit and not topic.is_dlq and entry.attempts >= limit:
+                self._dead_letter(entry, "max_deliveries", now)
+            elif delayed:
+                entry.status = Status.DELAYED
+                topic.delayed_count += 1
+            else:
+                entry.group.push_ready(entry)
+                self._dirty.add(entry.group)
+        return redelivered
+
+    def retire(self, msg: Message, now: float) -> None:
+        """Keep a replayed finished message for the rest of its retention, or forget it."""
+        retain = self.topics[msg.topic].cfg.retain_consumed_s
+        until = msg.finished_at + retain
+        if retain > 0 and until > now:
+            self.timers.retain(msg, until, retain)
+        else:
+            del self.messages[msg.code]
+
+    def dispatch(self, now: float) -> None:
+        """Deliver what became deliverable (after ``resume``)."""
         self._dispatch(now)
 
     # ------------------------------------------------------------ internals
@@ -649,7 +649,7 @@ class Broker:
                 held = c.held
                 out = pushes.get(c.id) or pushes.setdefault(c.id, [])
                 timeout = c.ack_timeout_s
-                deadlines, timed = self._deadlines.queue(timeout) if timeout else (None, None)
+                deadlines, timed = self.timers.deadlines.queue(timeout) if timeout else (None, None)
                 deadline = now + timeout
             entry.status = _INFLIGHT
             attempts = entry.attempts = entry.attempts + 1
@@ -701,8 +701,6 @@ class Broker:
         dlq = self.topics.get(dlq_name) or self._make_topic(dlq_name)
         draft = Draft(dlq.name, msg.data, msg.key, msg.priority, producer_id=msg.producer_id)
         self._store(dlq, draft, headers, now, code_prefix(int(now * 1000), self.node_id))
-        by_topic = self.stats.by_topic_published
-        by_topic[dlq_name] = by_topic.get(dlq_name, 0) + 1
 
     def _finish(self, entry: Entry, status: Status, reason: str, now: float) -> None:
         entry.status = status
@@ -731,11 +729,11 @@ class Broker:
                 self._dirty.add(entry.group)
             elif st is Status.DELAYED:
                 entry.group.topic.delayed_count -= 1
-            if status is Status.EXPIRED and self.cfg.expired == "dead_letter":
+            if status is Status.EXPIRED and self.settings.expired == "dead_letter":
                 self._dead_letter(entry, "expired", now)
             else:
                 self._finish(entry, status, reason, now)
-        self._delayed.discard((msg.deliver_at, msg.seq, msg))
+        self.timers.undelay(msg)
 
     def _complete(self, msg: Message, topic: Topic, now: float, counted: bool = True) -> None:
         msg.finished_at = now
@@ -743,10 +741,10 @@ class Broker:
             topic.live_count -= 1
             topic.live_bytes -= len(msg.data)
         if msg.expire_at:
-            self._expiring.discard((msg.expire_at, msg.seq, msg))
+            self.timers.unexpire(msg)
         retain = topic.cfg.retain_consumed_s
-        if retain > 0 and self.cfg.retain_consumed_max > 0:
-            self._retained.add(now + retain, retain, msg)
+        if retain > 0 and self.settings.retain_consumed_max > 0:
+            self.timers.retain(msg, now + retain, retain)
         elif self.messages.pop(msg.code, None) is not None:
             msg.forget()
 

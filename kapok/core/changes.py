@@ -3,7 +3,7 @@
 The broker emits these (when journaling is on) in the order it applied
 them. They are the single currency of durability: the WAL writes them, a
 slave replays them, and the analytics archive reads them. Replaying the same
-records into an empty broker rebuilds the same state (``Broker.apply``).
+records into an empty broker rebuilds the same state (``kapok.core.replay``).
 
 Every record is built on the hot path (three per message: published,
 delivered, settled), hence ``@record``: frozen for the type checker, and

@@ -7,13 +7,8 @@ grow the broker's memory without limit.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from typing import TypeVar
 
-from kapok.core.timers import PeriodFifos
-
-__all__ = ["DedupWindow", "RateLimiter", "RetentionQueue", "TokenBucket"]
-
-T = TypeVar("T")
+__all__ = ["DedupWindow", "RateLimiter", "TokenBucket"]
 
 
 class TokenBucket:
@@ -67,10 +62,11 @@ class RateLimiter:
 class DedupWindow:
     """Remembers ``(topic, dedup_id) -> code`` for ``window_s`` seconds.
 
-    The window is independent of the message's own lifetime (sikong-mq tied
-    the two together). Entries leave in insertion order, which is also time
-    order because ``now`` never goes backwards for a given broker; a clock
-    that does step back only makes entries live a little longer.
+    The window is independent of the message's own lifetime: a consumed and
+    forgotten message's id still answers a late retry with its code. Entries
+    leave in insertion order, which is also time order because ``now`` never
+    goes backwards for a given broker; a clock that does step back only makes
+    entries live a little longer.
     """
 
     def __init__(self, window_s: float, max_entries: int) -> None:
@@ -106,31 +102,3 @@ class DedupWindow:
         """``(added_at, topic, dedup_id, code)`` for every live entry (snapshots)."""
         return [(t, k[0], k[1], self._codes[k]) for t, k in self._order if k in self._codes]
 
-
-class RetentionQueue(PeriodFifos[T]):
-    """Things to forget at a due time (one FIFO per retention period), bounded in
-    count: past ``max_items`` the item due first goes early."""
-
-    __slots__ = ("_size", "max_items")
-
-    def __init__(self, max_items: int) -> None:
-        super().__init__()
-        self.max_items = max_items
-        self._size = 0
-
-    def __len__(self) -> int:
-        return self._size
-
-    def add(self, due: float, period: float, item: T) -> None:
-        super().add(due, period, item)
-        self._size += 1
-
-    def pop_due(self, now: float) -> list[T]:
-        out = [item for _, item in self._take_due(now)]
-        self._size -= len(out)
-        while self._size > self.max_items:
-            dues, items = min((q for q in self._queues.values() if q[0]), key=lambda q: q[0][0])
-            dues.popleft()
-            out.append(items.popleft())
-            self._size -= 1
-        return out

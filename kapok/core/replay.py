@@ -5,7 +5,9 @@ after it into a fresh ``Broker`` with ``apply``, then ``finish_recovery``
 turns the replayed facts into live structures at the real ``now``: open
 entries become ready (or delayed, if not yet due), so whatever was in
 flight when the node stopped is delivered again, flagged by its attempt
-count; finished messages go to retention; timers are rebuilt.
+count; finished messages go to retention; timers are rebuilt. Both go
+through the broker's public seams (``restore_*``, ``resume``, ``retire``),
+never its private fields, so a replication slave can use them the same way.
 
 Snapshots are *fuzzy*: ``state_records`` walks the live state in slices
 while the node keeps running, so a slice may already contain effects of
@@ -32,18 +34,18 @@ def apply(broker: Broker, record: ch.Change) -> None:
     """Apply one record during recovery (before ``finish_recovery``)."""
     messages = broker.messages
     if isinstance(record, ch.Published):
-        broker._seq = max(broker._seq, record.seq + 1)
+        broker.restore_seq(record.seq + 1)
         if record.dedup_id:  # even if the message is deleted later, its id stays taken
-            broker._dedup.add(record.topic, record.dedup_id, record.code, record.create_time)
+            broker.admission.dedup.add(record.topic, record.dedup_id, record.code, record.create_time)
         if record.code in messages:
             return
-        topic = broker.topics.get(record.topic) or broker._make_topic(record.topic)
+        topic = broker.restore_topic(record.topic)
         # Decoded records hold fresh objects per message. Names come from the
         # broker's own objects or are interned, and equal times are one float,
         # so a million recovered messages do not hold a copy of each.
         create_time = record.create_time
         deliver_at = create_time if record.deliver_at == create_time else record.deliver_at
-        groups = [broker._group(topic, name, durable=True, now=create_time) for name in record.groups]
+        groups = [broker.restore_group(topic, name, create_time) for name in record.groups]
         msg = Message(
             record.seq, record.code, topic.name, record.data, _shared(record.key), record.priority,
             create_time, deliver_at, record.expire_at, _shared(record.producer_id), record.dedup_id,
@@ -71,12 +73,11 @@ def apply(broker: Broker, record: ch.Change) -> None:
     elif isinstance(record, ch.MessageDeleted):
         messages.pop(record.code, None)
     elif isinstance(record, ch.GroupCreated):
-        topic = broker.topics.get(record.topic) or broker._make_topic(record.topic)
-        broker._group(topic, record.group, durable=True, now=record.at)
+        broker.restore_group(broker.restore_topic(record.topic), record.group, record.at)
     elif isinstance(record, ch.Deduped):
-        broker._dedup.add(record.topic, record.dedup_id, record.code, record.at)
+        broker.admission.dedup.add(record.topic, record.dedup_id, record.code, record.at)
     elif isinstance(record, ch.Checkpoint):
-        broker._seq = max(broker._seq, record.next_seq)
+        broker.restore_seq(record.next_seq)
     # Requeued changes nothing that survives a restart: every open entry is
     # ready again after recovery anyway.
 
@@ -91,53 +92,26 @@ def _shared(name: str) -> str:
 
 
 def finish_recovery(broker: Broker, now: float) -> int:
-    """Turn replayed state into queues and timers; returns how many entries were requeued."""
-    requeued = 0
-    broker._dedup.expire(now)
+    """Turn replayed state into queues and timers; returns how many entries are delivered again."""
+    redelivered = 0
+    broker.admission.dedup.expire(now)
     for msg in sorted(broker.messages.values(), key=lambda m: m.seq):
-        topic = broker.topics[msg.topic]
-        if not msg.live:
-            retain = topic.cfg.retain_consumed_s
-            if retain > 0 and msg.finished_at + retain > now:
-                broker._retained.add(msg.finished_at + retain, retain, msg)
-            else:
-                del broker.messages[msg.code]
-            continue
-        topic.live_count += 1
-        topic.live_bytes += len(msg.data)
-        if topic.order is not None:
-            topic.order.append(msg)
-        if msg.expire_at:
-            broker._expiring.add((msg.expire_at, msg.seq, msg))
-        delayed = msg.deliver_at > now
-        if delayed:
-            broker._delayed.add((msg.deliver_at, msg.seq, msg))
-        limit = topic.cfg.max_deliveries
-        for entry in msg.all_entries():
-            if entry.status.final:
-                continue
-            if entry.attempts:
-                requeued += 1
-            if limit and not topic.is_dlq and entry.attempts >= limit:
-                broker._dead_letter(entry, "max_deliveries", now)
-            elif delayed:
-                entry.status = Status.DELAYED
-                topic.delayed_count += 1
-            else:
-                entry.group.push_ready(entry)
-                broker._dirty.add(entry.group)
-    broker._dispatch(now)
-    return requeued
+        if msg.live:
+            redelivered += broker.resume(msg, now)
+        else:
+            broker.retire(msg, now)
+    broker.dispatch(now)
+    return redelivered
 
 
 def state_records(broker: Broker, now: float) -> Iterator[ch.Change]:
     """The broker's state as records, for a snapshot; consume it in slices while serving."""
-    yield ch.Checkpoint(broker._seq, now)
+    yield ch.Checkpoint(broker.next_seq, now)
     for topic in list(broker.topics.values()):
         for group in list(topic.groups.values()):
             if group.durable:
                 yield ch.GroupCreated(topic.name, group.name, now)
-    for added, topic_name, dedup_id, code in broker._dedup.items():
+    for added, topic_name, dedup_id, code in broker.admission.dedup.items():
         yield ch.Deduped(topic_name, dedup_id, code, added)
     for msg in list(broker.messages.values()):
         if broker.messages.get(msg.code) is not msg:

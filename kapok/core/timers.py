@@ -1,14 +1,21 @@
-"""Due-time queues of the core (pure: ``now`` is an argument).
+"""Every due time of the broker, in one component (pure: ``now`` is an argument).
 
-Theory of operation. An item is due ``period`` after it is queued, and
+``Timers`` holds the four kinds: delayed messages waiting for ``deliver_at``,
+messages with a TTL waiting for ``expire_at``, deliveries waiting for their
+ack deadline, and finished messages retained until they are forgotten. The
+broker asks it for ``next_due()`` (when ``tick`` must next run) and pops what
+is due; no structure is ever scanned. Delayed and expiring messages sit in
+sorted lists (sortedcontainers); deadlines and retention in FIFOs per period:
+
+Theory of operation of the FIFOs. An item is due ``period`` after it is queued, and
 ``now`` only grows, so items of one period arrive in due order: one FIFO per
 period replaces a heap (append and popleft are O(1), and no tie-breaker is
 needed). A clock that steps back only delays the items queued behind a later
 one, by at most the step. Due times and items sit in two parallel deques
 rather than one of pairs: a pair is one more object per item for the memory
 and the garbage collector. ``PeriodFifos`` is that structure; the broker uses
-it for ack deadlines (``DeadlineQueues``, here) and for retained consumed
-messages (``limits.RetentionQueue``).
+it for ack deadlines (``DeadlineQueues``) and for retained consumed
+messages (``RetentionQueue``).
 
 Ack deadlines: a delivery's deadline is ``now + timeout``, and a consumer's
 timeout is fixed. Items are never removed when an entry is acked, touched or
@@ -24,9 +31,11 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Generic, TypeVar
 
-from kapok.core.model import Entry, Status
+from sortedcontainers import SortedList
 
-__all__ = ["DeadlineQueues", "PeriodFifos"]
+from kapok.core.model import Entry, Message, Status
+
+__all__ = ["DeadlineQueues", "PeriodFifos", "RetentionQueue", "Timers"]
 
 T = TypeVar("T")
 
@@ -106,3 +115,91 @@ class DeadlineQueues(PeriodFifos[Entry]):
         items = list(due.values())
         items.sort(key=lambda item: item[0])  # stable: delivery order within one deadline
         return [entry for _, entry in items]
+
+
+class RetentionQueue(PeriodFifos[T]):
+    """Things to forget at a due time (one FIFO per retention period), bounded in
+    count: past ``max_items`` the item due first goes early."""
+
+    __slots__ = ("_size", "max_items")
+
+    def __init__(self, max_items: int) -> None:
+        super().__init__()
+        self.max_items = max_items
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def add(self, due: float, period: float, item: T) -> None:
+        super().add(due, period, item)
+        self._size += 1
+
+    def pop_due(self, now: float) -> list[T]:
+        out = [item for _, item in self._take_due(now)]
+        self._size -= len(out)
+        while self._size > self.max_items:
+            dues, items = min((q for q in self._queues.values() if q[0]), key=lambda q: q[0][0])
+            dues.popleft()
+            out.append(items.popleft())
+            self._size -= 1
+        return out
+
+
+class Timers:
+    """The broker's due times: releases, expiries, ack deadlines and retention."""
+
+    __slots__ = ("deadlines", "delayed", "expiring", "retained")
+
+    def __init__(self, retain_max: int) -> None:
+        self.delayed: SortedList = SortedList()  # (deliver_at, seq, msg)
+        self.expiring: SortedList = SortedList()  # (expire_at, seq, msg)
+        self.deadlines = DeadlineQueues()  # in-flight entries; appended to directly by delivery
+        self.retained: RetentionQueue[Message] = RetentionQueue(retain_max)
+
+    def next_due(self) -> float | None:
+        heads = [lst[0][0] for lst in (self.delayed, self.expiring) if lst]
+        heads.extend(t for t in (self.deadlines.next_due(), self.retained.next_due()) if t is not None)
+        return min(heads) if heads else None
+
+    def delay(self, msg: Message) -> None:
+        self.delayed.add((msg.deliver_at, msg.seq, msg))
+
+    def undelay(self, msg: Message) -> None:
+        self.delayed.discard((msg.deliver_at, msg.seq, msg))
+
+    def expire(self, msg: Message) -> None:
+        self.expiring.add((msg.expire_at, msg.seq, msg))
+
+    def unexpire(self, msg: Message) -> None:
+        self.expiring.discard((msg.expire_at, msg.seq, msg))
+
+    def retain(self, msg: Message, until: float, period: float) -> None:
+        self.retained.add(until, period, msg)
+
+    def delayed_messages(self) -> Iterator[Message]:
+        return (msg for _, _, msg in self.delayed)
+
+    def pop_released(self, now: float) -> list[Message]:
+        """Delayed messages whose time has come, in ``deliver_at`` order."""
+        return self._pop_sorted(self.delayed, now)
+
+    def pop_expired(self, now: float) -> list[Message]:
+        """Messages whose TTL has passed (finished ones included: the caller skips them)."""
+        return self._pop_sorted(self.expiring, now)
+
+    def pop_timed_out(self, now: float) -> list[Entry]:
+        return self.deadlines.pop_due(now)
+
+    def pop_forgotten(self, now: float) -> list[Message]:
+        """Retained messages whose retention is over (or that the count bound pushes out)."""
+        return self.retained.pop_due(now)
+
+    @staticmethod
+    def _pop_sorted(items: SortedList, now: float) -> list[Message]:
+        due = items.bisect_right((now, float("inf")))
+        if not due:
+            return []
+        out = [msg for _, _, msg in items[:due]]
+        del items[:due]
+        return out

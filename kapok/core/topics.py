@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING
 from kapok.core.model import Consumer, Entry, Status
 
 if TYPE_CHECKING:
-    from kapok.config import TopicConfig
     from kapok.core.model import Message
+    from kapok.core.settings import TopicSettings
 
 __all__ = ["DEFAULT_GROUP", "Group", "Topic"]
 
@@ -230,7 +230,7 @@ class Topic:
         "order",
     )
 
-    def __init__(self, name: str, cfg: TopicConfig) -> None:
+    def __init__(self, name: str, cfg: TopicSettings) -> None:
         self.name = name
         self.cfg = cfg
         self.groups: dict[str, Group] = {}

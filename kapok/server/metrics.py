@@ -77,9 +77,14 @@ class _ServiceCollector(Collector):
         clients.add_metric([], len(service.clients))
         yield clients
         for name, value in service.store.stats().items():
-            storage = GaugeMetricFamily(f"kapok_storage_{name}", f"Storage: {name.replace('_', ' ')}")
-            storage.add_metric([], value)
-            yield storage
+            base = name.removesuffix("_total")
+            doc = f"Storage: {base.replace('_', ' ')}"
+            if base != name:
+                counter = CounterMetricFamily(f"kapok_storage_{base}", doc)
+                counter.add_metric([], value)
+                yield counter
+            else:
+                yield GaugeMetricFamily(f"kapok_storage_{base}", doc, value=value)
         stored = GaugeMetricFamily("kapok_messages_stored", "Messages held in memory, retained ones included")
         stored.add_metric([], len(service.broker.messages))
         yield stored

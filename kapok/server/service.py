@@ -20,9 +20,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from kapok.clock import Clock, SystemClock
+from kapok.clock import Clock, SystemClock, Timer
 from kapok.config import Config
-from kapok.core.broker import Broker, Draft
+from kapok.core.broker import Broker, Draft, Settle
 from kapok.core.model import Consumer, Entry
 from kapok.core.topics import Group
 from kapok.storage import MemoryStore, Store
@@ -65,14 +65,14 @@ class BrokerService:
         self.http_host = config.server.host
         self.http_port = config.server.port
         node_id = zlib.crc32(self.node_name.encode())
-        self.broker = Broker(config.mq, node_id, journal=self.store.wants_changes)
+        self.broker = Broker(config.mq.settings(), node_id, journal=self.store.wants_changes)
         self.clients: dict[int, ClientInfo] = {}
         self.bad_input: Counter[str] = Counter()  # by kind, exported in /metrics
         self.auth_failures = 0
         self.started_at = self.clock.time()
         self._sinks: dict[int, Sink] = {}
         self._waiters: dict[Group, asyncio.Event] = {}
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
         self._timer_at = math.inf
         self._next_client = 1
 
@@ -147,10 +147,8 @@ class BrokerService:
         self.broker.set_prefetch(consumer_id, prefetch, self.now())
         self._settle()
 
-    def settle_in_group(self, topic: str, group: str | None, codes: Iterable[str], how: str) -> list[str]:
-        now = self.now()
-        grp = self.broker.pull_group(topic, group, now)
-        unknown = self.broker.settle_in_group(topic, grp.name, codes, how, now)
+    def settle_in_group(self, topic: str, group: str | None, codes: Iterable[str], how: Settle) -> list[str]:
+        unknown = self.broker.settle_in_group(topic, group, codes, how, self.now())
         self._settle()
         return unknown
 
@@ -163,26 +161,44 @@ class BrokerService:
         self, topic: str, group: str | None, max_n: int, lease_s: float, wait_s: float
     ) -> list[Entry]:
         """Lease up to ``max_n`` messages, waiting up to ``wait_s`` for the first to arrive."""
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + wait_s
+        give_up = self.now() + wait_s
         while True:
             entries = self.broker.pull(topic, group, max_n, lease_s, self.now())
             self._settle()
-            remaining = give_up - loop.time()
-            if entries or remaining <= 0:
+            if entries or self.now() >= give_up:
                 return entries
             grp = self.broker.pull_group(topic, group, self.now())
             event = self._waiters.setdefault(grp, asyncio.Event())
             event.clear()
             grp.waiters += 1
             try:
-                await asyncio.wait_for(event.wait(), remaining)
-            except TimeoutError:
-                return []
+                woken = await self._wait(event, give_up)
             finally:
                 grp.waiters -= 1
                 if not grp.waiters:
                     self._waiters.pop(grp, None)
+            if not woken:
+                return []
+
+    async def _wait(self, event: asyncio.Event, until: float) -> bool:
+        """Wait for ``event`` until the clock reaches ``until``; True if the event came first."""
+        time_up: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def expire() -> None:
+            if not time_up.done():
+                time_up.set_result(None)
+
+        timer = self.clock.call_at(until, expire)
+        waiting = asyncio.ensure_future(event.wait())
+        try:
+            await asyncio.wait((waiting, time_up), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+            time_up.cancel()
+        # Not ``event.is_set()``: another waiter of the group may have cleared it already.
+        woken = waiting.done()
+        waiting.cancel()
+        return woken
 
     # ------------------------------------------------------------ outputs
 
@@ -218,7 +234,7 @@ class BrokerService:
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = target
-        self._timer = asyncio.get_running_loop().call_later(max(target - now, 0.0), self._on_timer)
+        self._timer = self.clock.call_at(target, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None

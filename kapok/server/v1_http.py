@@ -10,8 +10,9 @@ from typing import Any
 
 from aiohttp import web
 
+from kapok.core.broker import Settle
 from kapok.core.topics import Topic
-from kapok.errors import BadRequestError, MessageNotFoundError
+from kapok.errors import BadRequestError, NotFoundError
 from kapok.server.codec import (
     client_label,
     decode_object,
@@ -93,17 +94,17 @@ async def pull(request: web.Request) -> web.Response:
     return json_response({"messages": messages})
 
 
-async def _settle(request: web.Request, how: str) -> web.Response:
+async def _settle(request: web.Request, ack: bool) -> web.Response:
     service = request.app[SERVICE]
     body = await _json_body(request)
     group = body.get("group")
     if group is not None and not isinstance(group, str):
         raise BadRequestError("field 'group' must be a string")
     codes = get_codes(body)
-    if how == "nack" and not get_bool(body, "requeue", True):
-        how = "reject"
-    elif how == "nack":
-        how = "requeue"
+    if ack:
+        how = Settle.ACK
+    else:
+        how = Settle.REQUEUE if get_bool(body, "requeue", True) else Settle.REJECT
     unknown = service.settle_in_group(request.match_info["topic"], group, codes, how)
     return json_response({"settled": len(codes) - len(unknown), "unknown": unknown})
 
@@ -111,13 +112,13 @@ async def _settle(request: web.Request, how: str) -> web.Response:
 @routes.post("/v1/topics/{topic}/ack")
 async def ack(request: web.Request) -> web.Response:
     """Body ``{"group": g, "codes": [...]}``; unknown codes are listed, the rest settled."""
-    return await _settle(request, "ack")
+    return await _settle(request, ack=True)
 
 
 @routes.post("/v1/topics/{topic}/nack")
 async def nack(request: web.Request) -> web.Response:
     """Body ``{"group": g, "codes": [...], "requeue": true}``; ``requeue: false`` dead-letters."""
-    return await _settle(request, "nack")
+    return await _settle(request, ack=False)
 
 
 def topic_stats(topic: Topic) -> dict[str, Any]:
@@ -152,7 +153,7 @@ async def get_topic(request: web.Request) -> web.Response:
     broker = request.app[SERVICE].broker
     topic = broker.topics.get(request.match_info["topic"])
     if topic is None:
-        raise MessageNotFoundError(f"no topic {request.match_info['topic']!r}")
+        raise NotFoundError(f"no topic {request.match_info['topic']!r}")
     return json_response(topic_stats(topic))
 
 
@@ -161,7 +162,7 @@ async def get_message(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     msg = service.broker.messages.get(request.match_info["code"])
     if msg is None:
-        raise MessageNotFoundError("no message with that code")
+        raise NotFoundError("no message with that code")
     out = message_json(msg)
     out["groups"] = {
         name: {"status": e.status.value, "attempts": e.attempts} for name, e in msg.entries.items()
@@ -175,5 +176,5 @@ async def delete_message(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     code = get_str({"code": request.match_info["code"]}, "code")
     if not service.delete(code):
-        raise MessageNotFoundError("no message with that code")
+        raise NotFoundError("no message with that code")
     return json_response({"deleted": code})

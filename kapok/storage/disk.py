@@ -215,20 +215,20 @@ class DiskStore:
     # ------------------------------------------------------------ the rest
 
     def stats(self) -> dict[str, float]:
-        wal = self.wal
+        wal, archive = self.wal, self.archive
         return {
-            "wal_records": wal.records_written,
-            "wal_bytes": wal.bytes_written,
-            "wal_fsyncs": wal.fsyncs,
-            "recovery_corrupt_tails": self.corrupt_tails,
+            "wal_records_total": wal.records_written,
+            "wal_bytes_total": wal.bytes_written,
+            "wal_fsyncs_total": wal.fsyncs,
+            "recovery_corrupt_tails_total": self.corrupt_tails,
+            "recovery_snapshots_skipped_total": self.snapshots_skipped,
             "recovery_seconds": self.recovery_s,
-            "recovery_snapshots_skipped": self.snapshots_skipped,
-            "snapshots": self.snapshots,
+            "snapshots_total": self.snapshots,
             "snapshot_seconds": self.last_snapshot_s,
             "snapshot_bytes": self.last_snapshot_bytes,
-            "archive_bytes_fed": self.archive.bytes_fed if self.archive else 0,
-            "archive_frames_lost": self.archive.frames_lost if self.archive else 0,
-            "archive_restarts": self.archive.restarts if self.archive else 0,
+            "archive_bytes_fed_total": archive.bytes_fed if archive else 0,
+            "archive_frames_lost_total": archive.frames_lost if archive else 0,
+            "archive_restarts_total": archive.restarts if archive else 0,
         }
 
     async def aclose(self) -> None:

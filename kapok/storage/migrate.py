@@ -44,7 +44,7 @@ class ImportSummary:
 
 async def import_kapokmq(config: Config, source: Path) -> ImportSummary:
     result = read_kapokmq_dir(source)
-    broker = Broker(config.mq, zlib.crc32(config.server.node_name.encode()), journal=True)
+    broker = Broker(config.mq.settings(), zlib.crc32(config.server.node_name.encode()), journal=True)
     store = DiskStore(config.storage)
     await store.open(broker, time.time())
     try:

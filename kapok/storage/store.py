@@ -34,7 +34,8 @@ class Store(Protocol):
     def append(self, changes: Sequence[Change]) -> asyncio.Future[None] | None: ...
 
     def stats(self) -> dict[str, float]:
-        """Counters and gauges for /metrics, by name."""
+        """Figures for /metrics, by name: a name ending in ``_total`` is a counter (it only
+        grows while the node runs), any other a gauge."""
         ...
 
     async def aclose(self) -> None: ...

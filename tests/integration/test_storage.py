@@ -276,7 +276,7 @@ def state_of(broker: Broker) -> dict[str, tuple[Any, ...]]:
 
 
 def dedup_of(broker: Broker) -> dict[tuple[str, str], str]:
-    return {(topic, dedup_id): code for _, topic, dedup_id, code in broker._dedup.items()}
+    return {(topic, dedup_id): code for _, topic, dedup_id, code in broker.admission.dedup.items()}
 
 
 async def wait_durable(awaitable: Awaitable[None] | None) -> None:
@@ -319,7 +319,7 @@ async def test_always_no_ack_of_any_protocol_before_its_fsync_and_one_fsync_cove
             pytest.fail(f"KapokMQ 'ok' before its fsync finished: {msg.data!r}")
         assert not http.done(), "HTTP answer before its fsync finished"
         assert gate.file_calls == base + 1  # the rest wait; nothing else is fsynced meanwhile
-        assert node.store.stats()["wal_fsyncs"] == base  # the stuck one has not completed
+        assert node.store.stats()["wal_fsyncs_total"] == base  # the stuck one has not completed
     finally:
         gate.release()
 
@@ -330,7 +330,7 @@ async def test_always_no_ack_of_any_protocol_before_its_fsync_and_one_fsync_cove
     assert len(await asyncio.wait_for(http, T)) == 1
     # Group commit: everything that arrived during the stuck fsync took ONE more.
     assert gate.file_calls == base + 2
-    assert node.store.stats()["wal_fsyncs"] == base + 2
+    assert node.store.stats()["wal_fsyncs_total"] == base + 2
     assert not gate.timed_out
     await kp.close()
     await ws.ws.close()
@@ -466,7 +466,7 @@ async def test_never_acks_do_not_wait_for_fsync(
         assert gate.waiting == 0
     finally:
         gate.release()
-    assert node.store.stats()["wal_fsyncs"] == base
+    assert node.store.stats()["wal_fsyncs_total"] == base
     await kp.close()
     await ws.ws.close()
 
@@ -618,7 +618,7 @@ async def test_crash_image_recovers_everything_acked_from_the_wal_alone(
     await ws.take(s, 1)  # the ack freed credit for the next one
     (dd,) = await ws.pub("dd", {"data": "x", "dedup_id": "once"})
     expected = state_of(a.broker)
-    seq_a = a.broker._seq
+    seq_a = a.broker.next_seq
 
     image = await a.crash_image(tmp_path / "image")
     assert not list_snapshots(image / "snapshots"), "the image holds no snapshot: WAL only"
@@ -627,7 +627,7 @@ async def test_crash_image_recovers_everything_acked_from_the_wal_alone(
     assert got == expected
     for code, data in published.items():
         assert b.broker.messages[code].data == data
-    assert b.broker._seq >= seq_a
+    assert b.broker.next_seq >= seq_a
     assert b.broker.messages[first["code"]].entries["default"].status.value == "consumed"
     assert b.broker.messages[form_code].deliver_at > time.time() + 20  # still delayed
     assert dedup_of(b.broker)[("dd", "once")] == dd
@@ -662,11 +662,11 @@ async def test_disk_store_abandoned_without_close(tmp_path: Path) -> None:
     try:
         copy = load_config(None, overrides=[f"storage.dir={tmp_path / 'b'}", "storage.archive=false"], env={})
         fresh = DiskStore(copy.storage)
-        broker = Broker(config.mq, service.broker.node_id, journal=True)
+        broker = Broker(config.mq.settings(), service.broker.node_id, journal=True)
         await fresh.open(broker, time.time())
         try:
             assert state_of(broker) == expected
-            assert fresh.stats()["recovery_corrupt_tails"] == 0
+            assert fresh.stats()["recovery_corrupt_tails_total"] == 0
         finally:
             await fresh.aclose()
     finally:
@@ -710,11 +710,11 @@ async def test_torn_tail_keeps_every_record_before_it(
     caplog.set_level(logging.WARNING, "kapok.storage")
     b = await start_node(image)
     assert [c for c in codes if c in b.broker.messages] == kept
-    assert b.store.stats()["recovery_corrupt_tails"] == 1
+    assert b.store.stats()["recovery_corrupt_tails_total"] == 1
     assert segment.path.stat().st_size == good_end, "the damaged tail is cut off"
     assert any(segment.path.name in r.getMessage() for r in caplog.records), "the damage is logged"
     async with session.get(f"{b.url}/metrics") as resp:
-        assert "kapok_storage_recovery_corrupt_tails 1.0" in await resp.text()
+        assert "kapok_storage_recovery_corrupt_tails_total 1.0" in await resp.text()
     # The node serves: new writes go to a new segment and recover next time too.
     more = [(await http_pub(session, b, "t", {"data": f"n{i}"}))[0] for i in range(3)]
     ws = await v1(session, b)
@@ -724,12 +724,12 @@ async def test_torn_tail_keeps_every_record_before_it(
     image2 = await b.crash_image(tmp_path / "image2")
     c = await start_node(image2)
     assert all(code in c.broker.messages for code in kept + more)
-    assert c.store.stats()["recovery_corrupt_tails"] == 0
+    assert c.store.stats()["recovery_corrupt_tails_total"] == 0
     # and after a clean stop as well
     await c.stop()
     d = await start_node(image2)
     assert all(code in d.broker.messages for code in kept + more)
-    assert d.store.stats()["recovery_corrupt_tails"] == 0
+    assert d.store.stats()["recovery_corrupt_tails_total"] == 0
 
 
 async def test_damage_in_an_older_segment_sets_later_ones_aside(
@@ -749,7 +749,7 @@ async def test_damage_in_an_older_segment_sets_later_ones_aside(
     good = decode_frames(bytes(raw))
 
     b = await start_node(image)
-    assert b.store.stats()["recovery_corrupt_tails"] == 1
+    assert b.store.stats()["recovery_corrupt_tails_total"] == 1
     # Everything in the earlier segment and before the damage survives, in order
     # (the log's first record is the topic's GroupCreated, then one Published each) ...
     survivors = [c for c in codes if c in b.broker.messages]
@@ -763,7 +763,7 @@ async def test_damage_in_an_older_segment_sets_later_ones_aside(
     image2 = await b.crash_image(tmp_path / "image2")
     c = await start_node(image2)
     assert [x for x in codes + more if x in c.broker.messages] == survivors + more
-    assert c.store.stats()["recovery_corrupt_tails"] == 0
+    assert c.store.stats()["recovery_corrupt_tails_total"] == 0
 
 
 # ================================================================ snapshots
@@ -794,7 +794,7 @@ async def test_snapshots_keep_two_and_drop_the_wal_the_older_one_covers(
     # ... and the WAL since the older of them; segments before it are deleted.
     segments = list_segments(wal)
     assert segments and all(s.first_lsn >= lsns[-2] for s in segments)
-    assert a.store.stats()["snapshots"] == 3
+    assert a.store.stats()["snapshots_total"] == 3
     codes += await http_pub(session, a, "t", {"data": "after"})
 
     image = await a.crash_image(tmp_path / "image")
@@ -817,7 +817,7 @@ async def test_leftover_snapshot_temp_file_is_ignored(
     (snapshots / f"snapshot-{10**7:020d}.snap.tmp").write_bytes(encode_end())
     b = await start_node(image)
     assert all(c in b.broker.messages for c in codes)
-    assert b.store.stats()["recovery_corrupt_tails"] == 0
+    assert b.store.stats()["recovery_corrupt_tails_total"] == 0
     more = await http_pub(session, b, "t", {"data": "3"})
     await b.store.snapshot()
     await b.stop()
@@ -869,10 +869,10 @@ async def test_a_corrupt_newest_snapshot_falls_back_to_the_older_one(
     assert any("snapshot not usable" in r.getMessage() for r in caplog.records)
     assert b.store.stats()["recovery_snapshots_skipped"] == 1
     async with session.get(f"{b.url}/metrics") as resp:
-        assert "kapok_storage_recovery_snapshots_skipped 1.0" in await resp.text()
+        assert "kapok_storage_recovery_snapshots_skipped_total 1.0" in await resp.text()
     # Nothing is lost: the older snapshot plus the WAL since it hold everything.
     assert all(c in b.broker.messages for c in [*codes, after])
-    assert b.broker._seq > seq_of(after)
+    assert b.broker.next_seq > seq_of(after)
     (fresh,) = await http_pub(session, b, "t", {"data": "fresh"})
     assert seq_of(fresh) > seq_of(after)
     await b.store.snapshot()
@@ -1006,7 +1006,7 @@ async def test_fuzzy_snapshot_while_the_node_keeps_changing(
     # Dedup entries of messages that still exist are all there (for deleted
     # ones see test_dedup_id_of_a_deleted_message_survives_a_crash).
     assert {k: v for k, v in dedup.items() if v in expected}.items() <= dedup_of(b.broker).items()
-    assert b.broker._seq >= a.broker._seq
+    assert b.broker.next_seq >= a.broker.next_seq
 
 
 async def test_dedup_id_survives_a_clean_restart_after_its_message_is_deleted(
@@ -1096,7 +1096,7 @@ async def test_small_segments_rotate_and_all_replay(
     image = await a.crash_image(tmp_path / "image")
     b = await start_node(image, "storage.segment_max_bytes=4096")
     assert state_of(b.broker) == expected
-    assert b.store.stats()["recovery_corrupt_tails"] == 0
+    assert b.store.stats()["recovery_corrupt_tails_total"] == 0
     # and with a snapshot in the middle of many segments
     await b.store.snapshot()
     wsb = await v1(session, b)

@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kapok.cluster.config import SwimConfig
+from kapok.cluster.node import swim_config
 from kapok.config import (
     ClusterConfig,
     Config,
@@ -20,13 +21,13 @@ from kapok.config import (
     GossipTuning,
     MqConfig,
     ServerConfig,
-    TopicConfig,
     TopicOverride,
     env_var_name,
     is_loopback,
     load_config,
     validate_config,
 )
+from kapok.core.settings import TopicSettings
 from kapok.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -337,7 +338,7 @@ def test_env_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_topic_without_override_gets_mq_defaults() -> None:
-    assert MqConfig().topic("anything") == TopicConfig(
+    assert MqConfig().topic("anything") == TopicSettings(
         push_type=1,
         ack_timeout_s=60.0,
         max_deliveries=5,
@@ -356,7 +357,7 @@ def test_topic_override_merges_over_mq_defaults() -> None:
         "mq.topics.orders={push_type: 1, max_deliveries: 0, ttl_s: 60, retain_consumed_s: 0}",
     )
     orders = config.mq.topic("orders")
-    assert orders == TopicConfig(
+    assert orders == TopicSettings(
         push_type=1,
         ack_timeout_s=30.0,
         max_deliveries=0,
@@ -427,7 +428,6 @@ def test_empty_topic_override_is_allowed() -> None:
         ("cluster.secret={a: 1}", "cluster.secret: expected a list of strings"),
         ("cluster.tuning.probe_interval_s=0", "cluster.tuning.probe_interval_s: expected a number > 0"),
         ("cluster.tuning.gossip_nodes=0", "cluster.tuning.gossip_nodes: expected an integer >= 1"),
-        ("cluster.tuning.probe_timeout_s=5", "cluster.tuning: probe_timeout_s must not exceed"),
         ("cluster.tuning.probe_intervall_s=1", "cluster.tuning.probe_intervall_s: unknown key; did you mean"),
         ("replication.role=primary", "replication.role: expected one of 'master', 'slave'"),
         ("replication.mode=semi", "replication.mode: expected one of 'async', 'sync'"),
@@ -571,10 +571,16 @@ def test_cluster_secret_is_a_key_ring_and_tuning_overrides_the_profile() -> None
     assert load("cluster.secret=new,old").cluster.secret == ("new", "old")
     assert load("cluster.secret=only").cluster.secret == ("only",)
     cluster = load("cluster.profile=fast", "cluster.tuning.probe_interval_s=0.3").cluster
-    swim = cluster.swim()
+    swim = swim_config(cluster)
     assert swim.probe_interval_s == 0.3
     assert swim.probe_timeout_s == SwimConfig.profile("fast").probe_timeout_s
-    assert Config.default().cluster.swim() == SwimConfig.profile("lan")
+    assert swim_config(Config.default().cluster) == SwimConfig.profile("lan")
+
+
+def test_tuning_that_breaks_a_protocol_rule_is_a_config_error() -> None:
+    cluster = load("cluster.tuning.probe_timeout_s=5").cluster
+    with pytest.raises(ConfigError, match=r"^cluster\.tuning: probe_timeout_s must not exceed"):
+        swim_config(cluster)
 
 
 def test_every_tuning_key_is_a_protocol_timing() -> None:

@@ -50,3 +50,13 @@ def test_pure_module_pulls_in_no_io(module: str) -> None:
     code = f"import sys, {module}; print(','.join(m for m in {io_modules!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_the_core_loads_no_other_layer() -> None:
+    # The core is the bottom layer: drivers import it, never the other way round.
+    code = "import sys, kapok.core; print(' '.join(sorted(m for m in sys.modules if m.startswith('kapok.'))))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = out.stdout.split()
+    assert "kapok.core.broker" in loaded
+    other_layers = ("kapok.cluster", "kapok.server", "kapok.storage", "kapok.config")
+    assert not [m for m in loaded if m.startswith(other_layers)]

@@ -16,13 +16,14 @@ import pytest
 
 from kapok.config import Config, FrozenMap, MqConfig, TopicOverride
 from kapok.core import changes as ch
-from kapok.core.broker import Broker, Draft
+from kapok.core.broker import Broker, Draft, Settle
 from kapok.core.model import CodeMaker, Consumer, Entry, Message, Status, code_prefix, code_seq, make_code
 from kapok.core.topics import DEFAULT_GROUP, Group
 from kapok.errors import (
     BadRequestError,
     KapokError,
     MessageTooLargeError,
+    NotFoundError,
     QueueFullError,
     RateLimitedError,
     SubscriptionError,
@@ -39,7 +40,7 @@ def mq(**kw: Any) -> MqConfig:
 
 
 def make(*, journal: bool = False, **kw: Any) -> Broker:
-    return Broker(mq(**kw), journal=journal)
+    return Broker(mq(**kw).settings(), journal=journal)
 
 
 def pub(b: Broker, topic: str, data: bytes = b"x", now: float = T0, **kw: Any) -> str:
@@ -547,13 +548,13 @@ def test_acked_deliveries_leave_the_deadline_queues() -> None:
     a = b.subscribe("jobs", now=T0, prefetch=10)
     codes = pub_many(b, "jobs", 10)
     pushed(b)
-    assert len(b._deadlines) == 10
+    assert len(b.timers.deadlines) == 10
     b.ack(a.id, codes[:4], T0 + 1)
-    assert len(b._deadlines) == 6
+    assert len(b.timers.deadlines) == 6
     b.ack(a.id, codes[6:], T0 + 1)  # out of order: behind a live head, pruned later
-    assert len(b._deadlines) == 6
+    assert len(b.timers.deadlines) == 6
     b.ack(a.id, codes[4:6], T0 + 1)
-    assert len(b._deadlines) == 0
+    assert len(b.timers.deadlines) == 0
     assert b.next_deadline() is None
 
 
@@ -1071,8 +1072,8 @@ def test_delete_live_message() -> None:
     assert other not in b.messages
     b.tick(T0 + 60)  # prunes the stale ack deadlines
     # Retention slots of deleted messages are dropped lazily, when they fall due.
-    assert b.next_deadline() == T0 + 1 + b.cfg.retain_consumed_s
-    b.tick(T0 + 2 + b.cfg.retain_consumed_s)
+    assert b.next_deadline() == T0 + 1 + b.settings.topic_defaults.retain_consumed_s
+    b.tick(T0 + 2 + b.settings.topic_defaults.retain_consumed_s)
     assert b.next_deadline() is None
 
 
@@ -1106,21 +1107,24 @@ def test_pull_leases_and_settles() -> None:
     assert all(e.status is Status.INFLIGHT for e in leased)
     assert [e.msg.code for e in b.pull("jobs", None, 2, 30.0, T0 + 1)] == codes[2:4]
     assert pushed(b) == {}  # leases are not pushes
-    assert b.settle_in_group("jobs", DEFAULT_GROUP, [codes[0], "f" * 32], "ack", T0 + 2) == ["f" * 32]
+    assert b.settle_in_group("jobs", DEFAULT_GROUP, [codes[0], "f" * 32], Settle.ACK, T0 + 2) == ["f" * 32]
     assert entry(b, codes[0]).status is Status.CONSUMED
     assert not b.messages[codes[0]].live
-    assert b.settle_in_group("jobs", DEFAULT_GROUP, [codes[1]], "requeue", T0 + 2) == []
+    assert b.settle_in_group("jobs", DEFAULT_GROUP, [codes[1]], Settle.REQUEUE, T0 + 2) == []
     again = b.pull("jobs", None, 1, 30.0, T0 + 3)
     assert [e.msg.code for e in again] == [codes[1]]  # requeued to the front
     assert again[0].attempts == 2
-    assert b.settle_in_group("jobs", DEFAULT_GROUP, [codes[2]], "reject", T0 + 4) == []
+    assert b.settle_in_group("jobs", DEFAULT_GROUP, [codes[2]], Settle.REJECT, T0 + 4) == []
     assert entry(b, codes[2]).status is Status.DEAD
     assert len(dlq_messages(b, "jobs")) == 1
-    # wrong group or topic: unknown
-    assert b.settle_in_group("jobs", "nope", [codes[3]], "ack", T0 + 4) == [codes[3]]
-    assert b.settle_in_group("other", DEFAULT_GROUP, [codes[3]], "ack", T0 + 4) == [codes[3]]
+    # a group or topic that does not exist is an error, and settling creates neither
+    with pytest.raises(NotFoundError, match="no group 'nope'"):
+        b.settle_in_group("jobs", "nope", [codes[3]], Settle.ACK, T0 + 4)
+    with pytest.raises(NotFoundError, match="no topic 'other'"):
+        b.settle_in_group("other", None, [codes[3]], Settle.ACK, T0 + 4)
+    assert "nope" not in b.topics["jobs"].groups and "other" not in b.topics
     # settling twice: unknown
-    assert b.settle_in_group("jobs", DEFAULT_GROUP, [codes[0]], "ack", T0 + 4) == [codes[0]]
+    assert b.settle_in_group("jobs", DEFAULT_GROUP, [codes[0]], Settle.ACK, T0 + 4) == [codes[0]]
 
 
 def test_pull_lease_expiry_redelivers() -> None:
@@ -1203,8 +1207,8 @@ def test_codes_are_hex_unique_and_sorted_by_creation() -> None:
 
 
 def test_codes_differ_across_nodes() -> None:
-    one = Broker(mq(), node_id=1)
-    two = Broker(mq(), node_id=2)
+    one = Broker(mq().settings(), node_id=1)
+    two = Broker(mq().settings(), node_id=2)
     assert pub(one, "t") != pub(two, "t")
 
 
@@ -1215,7 +1219,7 @@ def test_make_code_layout() -> None:
 
 
 def test_first_seq_is_used() -> None:
-    b = Broker(mq(), first_seq=1000)
+    b = Broker(mq().settings(), first_seq=1000)
     code = pub(b, "t")
     assert b.messages[code].seq == 1000
     assert code.endswith(f"{1000:012x}")
@@ -1232,7 +1236,7 @@ def test_code_maker_matches_make_code(first: int) -> None:
 
 
 def test_seq_is_read_back_from_the_code_or_stored() -> None:
-    b = Broker(mq(), first_seq=2**40)
+    b = Broker(mq().settings(), first_seq=2**40)
     msg = b.messages[pub(b, "t")]
     assert msg.seq == 2**40
     assert code_seq(msg.code) == 2**40
@@ -1260,7 +1264,6 @@ def test_journal_records_in_order() -> None:
         ch.Delivered(code, "jobs", DEFAULT_GROUP, 2, T0 + 1),
         ch.Settled(code, "jobs", DEFAULT_GROUP, "consumed", "ack", T0 + 2),
     ]
-    assert b.take_changes() == []
 
 
 def test_journal_timeout_disconnect_and_dead_letter() -> None:
@@ -1301,7 +1304,6 @@ def test_no_journal_by_default() -> None:
     a = b.subscribe("jobs", now=T0)
     code = pub(b, "jobs")
     b.ack(a.id, [code], T0 + 1)
-    assert b.take_changes() == []
 
 
 # ====================================================================== bad input

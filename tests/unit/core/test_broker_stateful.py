@@ -78,7 +78,7 @@ class Sub:
 class BrokerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.b = Broker(CONFIG)
+        self.b = Broker(CONFIG.settings())
         self.now = 1000.0
         self.last_tick = self.now
         self.subs: dict[int, Sub] = {}

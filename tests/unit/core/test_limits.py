@@ -173,7 +173,7 @@ def test_dedup_readd_keeps_one_entry() -> None:
 
 
 def test_retention_queue_pops_what_is_due_per_period_and_caps_the_count() -> None:
-    from kapok.core.limits import RetentionQueue
+    from kapok.core.timers import RetentionQueue
 
     q: RetentionQueue[str] = RetentionQueue(max_items=3)
     q.add(10.0, 10.0, "a")  # period 10 s, due at 10

@@ -93,7 +93,7 @@ def test_no_pattern_means_every_key(source: str | None) -> None:
 
 
 def test_consumer_without_pattern_accepts_everything() -> None:
-    broker = Broker(Config.default().mq)
+    broker = Broker(Config.default().mq.settings())
     anything = broker.subscribe("t", now=0.0, key=None)
     empty = broker.subscribe("t", now=0.0, key="")
     exact = broker.subscribe("t", now=0.0, key="a.b")

@@ -22,7 +22,7 @@ TRICKY = [
 
 
 def test_each_message_gets_its_own_complete_push_object() -> None:
-    broker = Broker(MqConfig(), 1)
+    broker = Broker(MqConfig().settings(), 1)
     broker.subscribe("t", now=1000.0, prefetch=100)
     broker.publish([Draft("t", data) for data in TRICKY], 1000.0)
     broker.publish([Draft("t", b"later", delay_s=5)], 1001.5)

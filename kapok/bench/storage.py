@@ -1,4 +1,4 @@
-"""Snapshot and recovery benchmark: ``python -m kapok.storage.bench --messages 1000000``.
+"""Snapshot and recovery benchmark: ``python -m kapok.bench.storage --messages 1000000``.
 
 What it does, in one process:
 
@@ -31,7 +31,6 @@ import asyncio
 import dataclasses
 import gc
 import json
-import resource
 import shutil
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kapok.bench.proc import peak_rss_bytes, rss_bytes
 from kapok.config import Config
 from kapok.core.broker import Broker, Draft
 from kapok.core.model import Status
@@ -52,31 +52,9 @@ ACK_EVERY = 5  # ack every fifth delivered message
 MAX_PREFETCH = 1_000_000  # the broker's limit per consumer
 
 
-def _proc_status(field: str) -> int | None:
-    """A ``kB`` field of /proc/self/status, in bytes; None where /proc is missing."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def rss_bytes() -> int:
-    """The process's current resident set size (VmRSS), or its peak where /proc is missing."""
-    current = _proc_status("VmRSS")
-    return peak_rss_bytes() if current is None else current
-
-
-def peak_rss_bytes() -> int:
-    """The process's peak resident set size (VmHWM, else ``getrusage``)."""
-    peak = _proc_status("VmHWM")
-    if peak is not None:
-        return peak
-    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return maxrss if sys.platform == "darwin" else maxrss * 1024  # bytes on macOS, KiB elsewhere
+def _own_rss() -> int:
+    """This process's RSS (its archiver child not included: the figure is the broker's state)."""
+    return rss_bytes(children=False) or peak_rss_bytes()
 
 
 def _progress(text: str, quiet: bool) -> None:
@@ -155,13 +133,13 @@ async def run(
         "dir": str(directory),
     }
 
-    broker = Broker(cfg.mq, journal=False)
+    broker = Broker(cfg.mq.settings(), journal=False)
     store = DiskStore(storage)
     await store.open(broker, time.time())
     started = time.perf_counter()
     figures.update(_populate(broker, n, payload, topics, quiet))
     figures["populate_s"] = time.perf_counter() - started
-    figures["rss_populated_bytes"] = rss_bytes()
+    figures["rss_populated_bytes"] = _own_rss()
     before = _census(broker)
     figures["live_messages"] = before["live"]
 
@@ -176,16 +154,16 @@ async def run(
     await store.aclose()
     del broker, store
     gc.collect()
-    figures["rss_before_recovery_bytes"] = rss_bytes()
+    figures["rss_before_recovery_bytes"] = _own_rss()
 
     _progress("recovering", quiet)
-    recovered = Broker(cfg.mq, journal=True)
+    recovered = Broker(cfg.mq.settings(), journal=True)
     store = DiskStore(storage)
     started = time.perf_counter()
     await store.open(recovered, time.time())
     figures["recovery_wall_s"] = time.perf_counter() - started
     figures["recovery_s"] = store.recovery_s
-    figures["rss_recovered_bytes"] = rss_bytes()
+    figures["rss_recovered_bytes"] = _own_rss()
     figures["peak_rss_bytes"] = peak_rss_bytes()
     after = _census(recovered)
     figures["recovered_messages"] = after["messages"]
@@ -236,7 +214,7 @@ def _positive(text: str) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m kapok.storage.bench",
+        prog="python -m kapok.bench.storage",
         description="Measure snapshot size and time, and recovery time and memory, for N messages.",
     )
     parser.add_argument("--messages", type=_positive, default=1_000_000, help="messages to store (1000000)")

@@ -1,4 +1,4 @@
-"""``python -m kapok.storage.bench`` runs end to end on a small count and reports its figures."""
+"""``python -m kapok.bench.storage`` runs end to end on a small count and reports its figures."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kapok.storage.bench import main
+from kapok.bench.storage import main
 
 ROWS = (
     "messages",
