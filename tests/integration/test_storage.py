@@ -801,7 +801,7 @@ async def test_snapshots_keep_two_and_drop_the_wal_the_older_one_covers(
     b = await start_node(image)
     assert all(c in b.broker.messages for c in codes)
     assert state_of(b.broker) == state_of(a.broker)
-    assert b.store.stats()["recovery_snapshots_skipped"] == 0
+    assert b.store.stats()["recovery_snapshots_skipped_total"] == 0
 
 
 async def test_leftover_snapshot_temp_file_is_ignored(
@@ -867,7 +867,7 @@ async def test_a_corrupt_newest_snapshot_falls_back_to_the_older_one(
     caplog.set_level(logging.ERROR, "kapok.storage")
     b = await start_node(image)
     assert any("snapshot not usable" in r.getMessage() for r in caplog.records)
-    assert b.store.stats()["recovery_snapshots_skipped"] == 1
+    assert b.store.stats()["recovery_snapshots_skipped_total"] == 1
     async with session.get(f"{b.url}/metrics") as resp:
         assert "kapok_storage_recovery_snapshots_skipped_total 1.0" in await resp.text()
     # Nothing is lost: the older snapshot plus the WAL since it hold everything.
@@ -879,7 +879,7 @@ async def test_a_corrupt_newest_snapshot_falls_back_to_the_older_one(
     await b.stop()
     c = await start_node(image)
     assert all(x in c.broker.messages for x in [*codes, after, fresh])
-    assert c.store.stats()["recovery_snapshots_skipped"] == 0
+    assert c.store.stats()["recovery_snapshots_skipped_total"] == 0
 
 
 async def test_after_a_fallback_the_damaged_snapshot_is_not_kept_as_the_fallback(
@@ -891,7 +891,7 @@ async def test_after_a_fallback_the_damaged_snapshot_is_not_kept_as_the_fallback
     damaged_lsn = list_snapshots(image / "snapshots")[-1][0]
     damage_snapshot(list_snapshots(image / "snapshots")[-1][1], "bit-flip")
     b = await start_node(image)
-    assert b.store.stats()["recovery_snapshots_skipped"] == 1
+    assert b.store.stats()["recovery_snapshots_skipped_total"] == 1
     (fresh,) = await http_pub(session, b, "t", {"data": "fresh"})
     await b.store.snapshot()
     usable = [
@@ -918,7 +918,7 @@ async def test_both_snapshots_corrupt_the_node_still_starts_from_what_the_wal_ho
         damage_snapshot(path, "bit-flip")
     caplog.set_level(logging.ERROR, "kapok.storage")
     b = await start_node(image)
-    assert b.store.stats()["recovery_snapshots_skipped"] == 2
+    assert b.store.stats()["recovery_snapshots_skipped_total"] == 2
     assert sum("snapshot not usable" in r.getMessage() for r in caplog.records) == 2
     # What the code does: empty state plus every WAL segment left (those since the
     # older snapshot: here only "new"). Messages only the snapshots held ("old",
