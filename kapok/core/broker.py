@@ -234,7 +234,7 @@ class Broker:
         code = self._codes.code(prefix, seq)
         if d.deliver_at:
             deliver_at = d.deliver_at
-        elif d.delay_s > 0:
+        elif d.delay_s:  # a negative delay (KapokMQ's DelayTime may be) is kept, and means "now"
             deliver_at = now + d.delay_s
         else:
             deliver_at = now

@@ -233,8 +233,8 @@ def compat_fields_draft(data: str, delay: int, topic: str, producer_id: str) -> 
         raise BadRequestError("DelayTime is out of range")
     if delay > MAX_DELAY_S:
         raise BadRequestError(f"DelayTime must be at most {int(MAX_DELAY_S)} seconds")
-    # KapokMQ treats a negative delay as "now"; so does Kapok.
-    return Draft(topic=topic, data=data.encode(), delay_s=float(max(delay, 0)), producer_id=producer_id)
+    # KapokMQ delivers a negative delay at once but keeps it, and shows it: so does Kapok.
+    return Draft(topic=topic, data=data.encode(), delay_s=float(delay), producer_id=producer_id)
 
 
 def compat_message(msg: Message, now: float) -> dict[str, Any]:

@@ -122,7 +122,7 @@ async def producer_ws(request: web.Request) -> web.StreamResponse:
     async with open_ws(request, text=True) as (ws, outbox):
         if not await compat_handshake(ws, service):
             return ws
-        info = ClientInfo("producer", producer_id, topic, _client_ip(request), service.now(), "kapokmq")
+        info = ClientInfo(producer_id, _client_ip(request), service.now(), "kapokmq", published={topic})
         client = service.add_client(info)
         publisher = _Publisher(service, outbox, service.config.server.max_batch)
         try:
@@ -172,7 +172,8 @@ async def consumer_ws(request: web.Request) -> web.StreamResponse:
             await ws.send_str(compat_error(exc.message).decode())
             await ws.close()
             return ws
-        info = ClientInfo("consumer", consumer_id, topic, _client_ip(request), service.now(), "kapokmq")
+        ip = _client_ip(request)
+        info = ClientInfo(consumer_id, ip, service.now(), "kapokmq", subscriptions={consumer.id})
         client = service.add_client(info)
         acker = _Acker(service, consumer.id, service.config.server.max_batch)
         try:

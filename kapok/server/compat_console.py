@@ -63,26 +63,26 @@ async def ping(request: web.Request, service: BrokerService) -> Any:
 
 @_console("/Console/GetClients")
 async def get_clients(request: web.Request, service: BrokerService) -> Any:
-    consumers, producers = [], []
+    consumers: list[dict[str, Any]] = []
+    producers: list[dict[str, Any]] = []
+    subscribed = service.broker.consumers
     for info in service.clients.values():
-        if info.kind == "consumer":
-            consumers.append(
-                {
-                    "ConsumerId": info.client_id,
-                    "Topic": info.topic,
-                    "ConsumerIp": info.ip,
-                    "JoinTime": int(info.since),
-                }
-            )
-        else:
-            producers.append(
-                {
-                    "ProducerId": info.client_id,
-                    "Topic": info.topic,
-                    "ProducerIp": info.ip,
-                    "JoinTime": int(info.since),
-                }
-            )
+        joined = int(info.since)
+        producers.extend(
+            {"ProducerId": info.client_id, "Topic": topic, "ProducerIp": info.ip, "JoinTime": joined}
+            for topic in sorted(info.published)
+        )
+        for cid in sorted(info.subscriptions):
+            consumer = subscribed.get(cid)
+            if consumer is not None:
+                consumers.append(
+                    {
+                        "ConsumerId": info.client_id,
+                        "Topic": consumer.group.topic.name,
+                        "ConsumerIp": info.ip,
+                        "JoinTime": joined,
+                    }
+                )
     return {"code": 0, "consumers": consumers, "producers": producers}
 
 

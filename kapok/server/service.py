@@ -17,7 +17,7 @@ import math
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from kapok.clock import Clock, SystemClock, Timer
@@ -44,14 +44,16 @@ class Sink(Protocol):
 
 @dataclass(slots=True)
 class ClientInfo:
-    """A connected producer or consumer, as the console lists it."""
+    """A client connection, as the consoles list it: by what it does. A KapokMQ socket
+    produces to or consumes from one topic; a native one may publish to several topics
+    and hold several subscriptions, or (so far) neither."""
 
-    kind: str  # "producer" | "consumer"
     client_id: str
-    topic: str
     ip: str
     since: float
     protocol: str  # "kapokmq" | "v1"
+    published: set[str] = field(default_factory=set)  # topics it produces to
+    subscriptions: set[int] = field(default_factory=set)  # its consumers' ids (broker.consumers)
 
 
 class BrokerService:

@@ -46,6 +46,8 @@ routes = web.RouteTableDef()
 # Pushes are cut into frames of about this many payload bytes, so one
 # frame never holds a whole prefetch window of large messages.
 PUSH_FRAME_BYTES = 256 * 1024
+# The consoles list at most this many topics a connection has published to.
+MAX_LISTED_TOPICS = 100
 
 
 def error_frame(exc: KapokError, rid: Any) -> bytes:
@@ -58,10 +60,11 @@ def error_frame(exc: KapokError, rid: Any) -> bytes:
 class NativeConnection:
     """One ``/v1/ws`` client: its subscriptions and the handlers of its frames."""
 
-    def __init__(self, service: BrokerService, outbox: Outbox, name: str) -> None:
+    def __init__(self, service: BrokerService, outbox: Outbox, info: ClientInfo) -> None:
         self.service = service
         self.outbox = outbox
-        self.name = name
+        self.info = info  # what the consoles list: the topics it publishes to, its subscriptions
+        self.name = info.client_id
         self.subs: dict[int, Consumer] = {}
         self._sub_rid: Any = None
         self._ops: dict[str, Callable[[dict[str, Any], Any], None]] = {
@@ -110,6 +113,9 @@ class NativeConnection:
             raise BadRequestError("field 'topic' must be a string")
         drafts = [draft_from_json(m, self.name, default_topic=topic) for m in msgs]
         codes, durable = self.service.publish(drafts)
+        published = self.info.published
+        if len(published) < MAX_LISTED_TOPICS:
+            published.update({d.topic for d in drafts})
         self.outbox.send(orjson.dumps({"op": "puback", "id": rid, "codes": codes}), after=durable)
 
     # ------------------------------------------------------------ consuming
@@ -142,6 +148,7 @@ class NativeConnection:
         # subok must precede the subscription's first msg frame, which the
         # broker may produce inside subscribe() already.
         self.subs[consumer.id] = consumer
+        self.info.subscriptions.add(consumer.id)
         self.outbox.send(
             orjson.dumps(
                 {"op": "subok", "id": self._sub_rid, "sub": consumer.id, "group": consumer.group.name}
@@ -183,6 +190,7 @@ class NativeConnection:
     def on_unsub(self, frame: dict[str, Any], rid: Any) -> None:
         sub = self._sub(frame)
         del self.subs[sub]
+        self.info.subscriptions.discard(sub)
         self.service.unsubscribe(sub)
         self.reply(rid, {"op": "ok"})
 
@@ -226,12 +234,12 @@ async def native_ws(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]  # the auth middleware has checked the key
     name = client_label(request.query.get("client", ""), "query parameter 'client'")
     async with open_ws(request, text=False) as (ws, outbox):
-        info = ClientInfo("client", name, "", request.remote or "", service.now(), "v1")
+        info = ClientInfo(name, request.remote or "", service.now(), "v1")
         client = service.add_client(info)
         # Rate limits and the console count per producer: without a name of its
         # own, each connection is its own producer.
         info.client_id = info.client_id or f"conn-{client}"
-        conn = NativeConnection(service, outbox, info.client_id)
+        conn = NativeConnection(service, outbox, info)
         try:
             async for msg in messages(ws):
                 if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):

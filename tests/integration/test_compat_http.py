@@ -224,6 +224,29 @@ async def test_get_clients(node: Any, session: aiohttp.ClientSession) -> None:
         assert type(p["JoinTime"]) is int and now - 5 < p["JoinTime"] <= now + 1
 
 
+async def test_get_clients_lists_native_connections_by_what_they_do(
+    node: Any, session: aiohttp.ClientSession
+) -> None:
+    auth = {"Authorization": f"Bearer {SECRET}"}
+    async with (
+        session.ws_connect(f"{node.ws_url}/v1/ws?client=worker", headers=auth) as ws,
+        session.ws_connect(f"{node.ws_url}/v1/ws?client=idle", headers=auth),
+    ):
+        msgs = [{"topic": "a", "data": "1"}, {"topic": "b", "data": "2"}]
+        await ws.send_json({"op": "pub", "id": 1, "msgs": msgs})
+        assert (await ws.receive_json(timeout=T))["op"] == "puback"
+        await ws.send_json({"op": "sub", "id": 2, "topic": "c"})
+        subok = await ws.receive_json(timeout=T)
+        assert subok["op"] == "subok"
+        body = await console(session, node, "GetClients")
+        producers = [(p["ProducerId"], p["Topic"]) for p in body["producers"]]
+        assert producers == [("worker", "a"), ("worker", "b")]
+        assert [(c["ConsumerId"], c["Topic"]) for c in body["consumers"]] == [("worker", "c")]
+        await ws.send_json({"op": "unsub", "id": 3, "sub": subok["sub"]})
+        assert (await ws.receive_json(timeout=T))["op"] == "ok"
+        assert (await console(session, node, "GetClients"))["consumers"] == []
+
+
 async def test_get_clients_excludes_unauthenticated(node: Any, session: aiohttp.ClientSession) -> None:
     async with session.ws_connect(f"{node.ws_url}/Consumers/Conn/jobs/c1") as ws:
         assert await ws.receive_str(timeout=T) == "Please enter the secret key"

@@ -581,6 +581,17 @@ async def test_delayed_message_pushed_after_delay(node: Any, session: aiohttp.Cl
         assert (await get_message(session, node, push["MessageCode"]))["Status"] == -1
 
 
+async def test_negative_delay_time_is_delivered_at_once_and_kept(
+    node: Any, session: aiohttp.ClientSession
+) -> None:
+    """KapokMQ stores a negative DelayTime as given and treats it as "now"."""
+    async with consumer(session, node, "jobs") as cons, producer(session, node, "jobs") as prod:
+        await publish(prod, "past", delay=-5)
+        push = await recv_push(cons)
+        assert push["MessageData"] == "past" and push["DelayTime"] == -5 and push["Status"] == -1
+        assert (await get_message(session, node, push["MessageCode"]))["DelayTime"] == -5
+
+
 async def test_delayed_message_redelivery_keeps_delay_time(
     make_node: Any, session: aiohttp.ClientSession
 ) -> None:

@@ -140,6 +140,22 @@ async def test_ack_settles_and_lists_unknown(http: Http) -> None:
     assert body == {"settled": 0, "unknown": codes}
 
 
+@pytest.mark.parametrize("how", ["ack", "nack"])
+async def test_settling_an_unknown_group_or_topic_is_404_and_creates_nothing(http: Http, how: str) -> None:
+    (code,) = await http.publish("jobs", "x")
+    url = f"/v1/topics/jobs/{how}"
+    body = await http.call("POST", url, json={"group": "wokers", "codes": [code]}, expect=404)
+    assert body["error"] == "not_found" and "wokers" in body["message"]
+    body = await http.call("POST", "/v1/topics/never/ack", json={"codes": [code]}, expect=404)
+    assert body["error"] == "not_found" and "never" in body["message"]
+    stats = await http.call("GET", "/v1/topics/jobs")
+    assert [g["name"] for g in stats["groups"]] == ["default"]
+    assert "never" not in [t["name"] for t in (await http.call("GET", "/v1/topics"))["topics"]]
+    (later,) = await http.publish("jobs", "y")
+    assert [m["code"] for m in await http.pull("jobs", max=5)] == [code, later]
+    assert [g["name"] for g in (await http.call("GET", "/v1/topics/jobs"))["groups"]] == ["default"]
+
+
 async def test_nack_requeue(http: Http) -> None:
     (code,) = await http.publish("nq", "x")
     await http.pull("nq")
