@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kapok.core.limits import DedupWindow, RateLimiter
+from kapok.core.model import Draft
 from kapok.core.settings import BrokerSettings
 from kapok.errors import BadRequestError, MessageTooLargeError, QueueFullError, RateLimitedError
 
 if TYPE_CHECKING:
-    from kapok.core.broker import Draft
     from kapok.core.topics import Topic
 
 __all__ = ["MAX_PRIORITY", "Admission", "Admitted"]

@@ -42,8 +42,7 @@ from dataclasses import dataclass
 
 from kapok.core import changes as ch
 from kapok.core.admission import Admission
-from kapok.core.frozen import record
-from kapok.core.model import CodeMaker, Consumer, Entry, Message, Status, code_prefix
+from kapok.core.model import CodeMaker, Consumer, Draft, Entry, Message, Status, code_prefix
 from kapok.core.routing import compile_pattern
 from kapok.core.settings import BrokerSettings
 from kapok.core.timers import Timers
@@ -54,21 +53,6 @@ __all__ = ["Broker", "Draft", "Settle", "Stats"]
 
 MAX_NAME_CHARS = 255
 _READY, _DELAYED, _INFLIGHT = Status.READY, Status.DELAYED, Status.INFLIGHT
-
-
-@record  # the server builds one per published message: see kapok.core.frozen
-class Draft:
-    """A message as a producer asks for it, before the broker accepts it."""
-
-    topic: str
-    data: bytes
-    key: str = ""
-    priority: int = 0
-    delay_s: float = 0.0
-    deliver_at: float = 0.0  # absolute; wins over delay_s when set
-    ttl_s: float = 0.0  # 0 = the topic's default
-    producer_id: str = ""
-    dedup_id: str = ""
 
 
 @dataclass(slots=True)

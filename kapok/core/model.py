@@ -1,4 +1,4 @@
-"""The broker's nouns: messages, their per-group delivery entries, consumers.
+"""The broker's nouns: drafts, messages, their per-group delivery entries, consumers.
 
 A ``Message`` is immutable content plus bookkeeping. Each group the message
 was routed to holds one ``Entry`` with that group's delivery state, so one
@@ -23,11 +23,38 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
+from kapok.core.frozen import record
+
 if TYPE_CHECKING:
     from kapok.core.routing import KeyPattern
     from kapok.core.topics import Group
 
-__all__ = ["Consumer", "Entry", "GroupEntry", "Message", "Status", "code_prefix", "code_seq", "make_code"]
+__all__ = [
+    "Consumer",
+    "Draft",
+    "Entry",
+    "GroupEntry",
+    "Message",
+    "Status",
+    "code_prefix",
+    "code_seq",
+    "make_code",
+]
+
+
+@record  # the server builds one per published message: see kapok.core.frozen
+class Draft:
+    """A message as a producer asks for it, before the broker accepts it."""
+
+    topic: str
+    data: bytes
+    key: str = ""
+    priority: int = 0
+    delay_s: float = 0.0
+    deliver_at: float = 0.0  # absolute; wins over delay_s when set
+    ttl_s: float = 0.0  # 0 = the topic's default
+    producer_id: str = ""
+    dedup_id: str = ""
 
 
 class Status(enum.Enum):
