@@ -239,9 +239,12 @@ class ClusterConfig:
 @dataclass(frozen=True, slots=True)
 class ReplicationConfig:
     role: str = _opt("master", choices=("master", "slave"))  # this node's role in its pair
-    master: str = ""  # http(s) URL of the master (required for a slave)
-    mode: str = _opt("async", choices=("async", "sync"))  # sync = producer ack waits for the slave
-    failover_timeout_s: float = _opt(3.0, gt=0)  # seconds without contact before a slave takes over
+    master: str = ""  # http(s) URL of the master (a slave's only, and required there)
+    mode: str = _opt("sync", choices=("async", "sync"))  # sync = a producer's ack waits for the slave
+    failover_timeout_s: float = _opt(3.0, gt=0)  # seconds of silence (link and gossip) before a takeover
+    sync_timeout_ms: int = _opt(1000, lo=1)  # sync: how long a producer's ack may wait for the slave
+    backlog_bytes: int = _opt(64 * _MIB, lo=64 * 1024)  # the master's in-memory log for resuming slaves
+    give_back: bool = True  # a returning master takes its role back once caught up
 
 
 @dataclass(frozen=True, slots=True)
@@ -538,14 +541,19 @@ def validate_config(config: Config) -> None:
         _check_host_port(cluster.advertise, "cluster.advertise", min_port=1)
     for i, seed in enumerate(cluster.seeds):
         _check_host_port(seed, f"cluster.seeds[{i}]", min_port=1)
-    if repl.master or repl.role == "slave":
+    if repl.master and repl.role == "master":
+        raise ConfigError(
+            "replication.master: only a slave names its master; remove it, or set replication.role: slave"
+        )
+    if repl.role == "slave":
         url = urlsplit(repl.master)
         if url.scheme not in ("http", "https") or not url.hostname:
-            why = " (required when replication.role is slave)" if repl.role == "slave" else ""
             raise ConfigError(
-                f"replication.master: expected an http(s) URL such as http://10.0.0.1:8011{why}, "
-                f"got {repl.master!r}"
+                "replication.master: expected an http(s) URL such as http://10.0.0.1:8011 "
+                f"(required when replication.role is slave), got {repl.master!r}"
             )
+        if is_loopback(url.hostname) and is_loopback(server.host) and url.port == server.port:
+            raise ConfigError(f"replication.master: {repl.master!r} is this node itself (server.port)")
     if not is_loopback(server.host) and mq.secret_key in ("", DEFAULT_SECRET_KEY):
         which = "empty" if not mq.secret_key else f"the default {mq.secret_key!r}"
         raise ConfigError(

@@ -19,6 +19,12 @@ compatibility routes), and the client maps ``code`` back to the same class::
      │    ├── UnknownCodeError        ack / nack / touch of a code not held
      │    ├── NotFoundError           no such message, topic or group
      │    └── SubscriptionError       unknown subscription id, duplicate, bad group
+     ├── UnavailableError             this node cannot take the request now (503)
+     │    ├── NotActiveError          a passive slave: names the node to use instead
+     │    ├── FencedError             a master cut off from its slave and the majority
+     │    └── ReplicationUnavailableError  sync mode, and the paired slave is not there
+     ├── ReplicationError             the sync link: a broken rule between master and slave
+     │    └── SyncRefusedError        the master refused the slave (``why`` says why)
      └── StorageError                 reserved for the storage layer
 """
 
@@ -31,15 +37,21 @@ __all__ = [
     "BadRequestError",
     "BrokerError",
     "ConfigError",
+    "FencedError",
     "KapokError",
     "MessageTooLargeError",
+    "NotActiveError",
     "NotFoundError",
     "ProtocolError",
     "QueueFullError",
     "RateLimitedError",
+    "ReplicationError",
+    "ReplicationUnavailableError",
     "StorageError",
     "SubscriptionError",
+    "SyncRefusedError",
     "TooManyConnectionsError",
+    "UnavailableError",
     "UnknownCodeError",
     "UnknownOpError",
     "error_for_code",
@@ -128,6 +140,43 @@ class NotFoundError(BrokerError):
 class SubscriptionError(BrokerError):
     code = "bad_subscription"
     http_status = 400
+
+
+class UnavailableError(KapokError):
+    code = "unavailable"
+    http_status = 503
+
+
+class NotActiveError(UnavailableError):
+    """A passive slave refuses producers and consumers; the message names its master."""
+
+    code = "not_active"
+
+
+class FencedError(UnavailableError):
+    code = "fenced"
+
+
+class ReplicationUnavailableError(UnavailableError):
+    """Sync mode: the paired slave has not confirmed in time (never a silent downgrade)."""
+
+    code = "replication_unavailable"
+
+
+class ReplicationError(KapokError):
+    code = "replication"
+    http_status = 409
+
+
+class SyncRefusedError(ReplicationError):
+    """``why``: ``paired`` (the master has another slave), ``newer_epoch`` (the slave led
+    later than the master did), ``behind`` (the slave fell out of the backlog)."""
+
+    code = "sync_refused"
+
+    def __init__(self, message: str, why: str = "") -> None:
+        super().__init__(message)
+        self.why = why
 
 
 class StorageError(KapokError):

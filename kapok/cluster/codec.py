@@ -288,14 +288,23 @@ class Codec:
         hit = self._meta_cache.get(name)
         if hit is not None and hit[0] == raw:
             return hit[1]
-        if type(raw) is not list or len(raw) != 5:
+        # Five fields from the first version; epoch, active and lag were appended later
+        # (a member that sends five is an older node: active when it is a master).
+        if type(raw) is not list or not 5 <= len(raw) <= 8:
             raise _Malformed
-        http_url, role, pair, version, load = raw
+        http_url, role, pair, version, load = raw[:5]
         if pair is not None:
             _str(pair)
         if type(load) is not float and type(load) is not int:
             raise _Malformed
-        meta = NodeMeta(name, _str(http_url), _str(role), pair, _str(version), float(load))
+        epoch = _uint(raw[5]) if len(raw) > 5 else 0
+        active = raw[6] if len(raw) > 6 else role == "master"
+        lag = _lag(raw[7]) if len(raw) > 7 else None
+        if type(active) is not bool:
+            raise _Malformed
+        meta = NodeMeta(
+            name, _str(http_url), _str(role), pair, _str(version), float(load), epoch, active, lag
+        )
         if len(self._meta_cache) >= self.CACHE_MAX:
             self._meta_cache.clear()
         self._meta_cache[name] = (raw, meta)
@@ -308,8 +317,16 @@ def _exact(data: bytes) -> bytes:
     return bytes(memoryview(data))
 
 
+def _lag(raw: Any) -> tuple[int, int, float] | None:
+    if raw is None:
+        return None
+    if type(raw) is not list or len(raw) != 3 or type(raw[2]) not in (int, float):
+        raise _Malformed
+    return (_uint(raw[0]), _uint(raw[1]), float(raw[2]))
+
+
 def _meta_fields(m: NodeMeta) -> tuple[Any, ...]:
-    return (m.http_url, m.role, m.pair, m.version, m.load)
+    return (m.http_url, m.role, m.pair, m.version, m.load, m.epoch, m.active, m.lag)
 
 
 def meta_size(meta: NodeMeta) -> int:

@@ -57,7 +57,11 @@ class State(StrEnum):
 class NodeMeta:
     """What the broker tells the cluster about a node (SPEC §13 ``/cluster/nodes``).
 
-    ``pair`` names the paired master/slave (``None`` when unpaired); ``load`` is a
+    ``role`` is the node's current role in its master/slave pair, ``pair`` names the
+    other node of the pair (``None`` when unpaired), ``epoch`` is the pair's fencing
+    epoch as this node knows it, ``active`` says whether it takes producers and
+    consumers now, and ``lag`` is, on a slave, how far it is behind its master
+    (records, bytes, seconds; ``None`` when it is not following). ``load`` is a
     free-form figure the node publishes (higher = busier).
     """
 
@@ -67,6 +71,9 @@ class NodeMeta:
     pair: str | None = None
     version: str = ""
     load: float = 0.0
+    epoch: int = 0
+    active: bool = True
+    lag: tuple[int, int, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,8 +26,9 @@ from collections.abc import Iterator
 from kapok.core import changes as ch
 from kapok.core.broker import Broker
 from kapok.core.model import Entry, GroupEntry, Message, Status
+from kapok.core.timers import RetentionQueue
 
-__all__ = ["apply", "finish_recovery", "state_records"]
+__all__ = ["Mirror", "apply", "finish_recovery", "state_records"]
 
 
 def apply(broker: Broker, record: ch.Change) -> None:
@@ -126,3 +127,53 @@ def state_records(broker: Broker, now: float) -> Iterator[ch.Change]:
                 yield ch.Delivered(msg.code, msg.topic, e.group.name, e.attempts, e.last_delivered_at)
             if e.status.final:
                 yield ch.Settled(msg.code, msg.topic, e.group.name, e.status.value, "snapshot", e.settled_at)
+
+
+class Mirror:
+    """A broker kept as a copy of another node's log: a slave following its master.
+
+    Records are applied as they arrive (``apply``), exactly as recovery applies them, so
+    the broker stays in the replayed form: no queues, no timers, no deliveries. Replay
+    alone never forgets a finished message (recovery forgets them once, at the end), so a
+    long-lived mirror queues each message that finishes and ``prune`` forgets it when its
+    retention is over, or early past ``retain_consumed_max``, as the master does.
+    ``promote`` ends mirroring: the broker becomes live (``finish_recovery``).
+    """
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._finished: RetentionQueue[Message] = RetentionQueue(broker.settings.retain_consumed_max)
+        for msg in broker.messages.values():  # what recovery replayed into it already
+            if not msg.live:
+                self._retire(msg)
+
+    def apply(self, record: ch.Change) -> None:
+        apply(self.broker, record)
+        if isinstance(record, ch.Settled | ch.Published):
+            msg = self.broker.messages.get(record.code)
+            if msg is not None and not msg.live and msg.finished_at == _finished_at(record):
+                self._retire(msg)
+
+    def _retire(self, msg: Message) -> None:
+        retain = self.broker.topics[msg.topic].cfg.retain_consumed_s
+        self._finished.add(msg.finished_at + retain, retain, msg)
+
+    def prune(self, now: float) -> int:
+        """Forget finished messages whose retention is over; returns how many."""
+        messages = self.broker.messages
+        forgotten = 0
+        for msg in self._finished.pop_due(now):
+            if messages.get(msg.code) is msg:
+                del messages[msg.code]
+                msg.forget()
+                forgotten += 1
+        self.broker.admission.dedup.expire(now)
+        return forgotten
+
+    def promote(self, now: float) -> int:
+        """Make the mirrored state live; returns how many entries are delivered again."""
+        return finish_recovery(self.broker, now)
+
+
+def _finished_at(record: ch.Settled | ch.Published) -> float:
+    return record.at if isinstance(record, ch.Settled) else record.create_time

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 
 from aiohttp import WSCloseCode, web
 
 from kapok import __version__
 from kapok.clock import Clock
+from kapok.cluster.messages import NodeMeta
 from kapok.cluster.node import GossipNode
 from kapok.config import Config
-from kapok.server import cluster_view, compat, compat_console, ops, v1_http, v1_ws
-from kapok.server.keys import CONFIG, CONNECTIONS, GOSSIP, REGISTRY, SERVICE, OpenSockets
+from kapok.replication.node import ReplicationNode
+from kapok.server import cluster_view, compat, compat_console, ops, sync, v1_http, v1_ws
+from kapok.server.keys import CONFIG, CONNECTIONS, GOSSIP, REGISTRY, REPLICATION, SERVICE, OpenSockets
 from kapok.server.metrics import make_registry
 from kapok.server.middlewares import auth_middleware, error_middleware
 from kapok.server.service import BrokerService
@@ -24,15 +27,17 @@ __all__ = ["make_app"]
 
 async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
     service = app[SERVICE]
-    await service.start()
+    # Recovered as a mirror: replication (started after gossip) decides whether this node
+    # leads, and only then makes the state live.
+    await service.start(mirror=True)
     yield
     await service.aclose()
 
 
-async def _close_connections(app: web.Application) -> None:
+async def _close_connections(app: web.Application, reason: str = "node shutting down") -> None:
     sockets: OpenSockets = app[CONNECTIONS]
     for ws in list(sockets):
-        await ws.close(code=WSCloseCode.GOING_AWAY, message=b"node shutting down")
+        await ws.close(code=WSCloseCode.GOING_AWAY, message=reason.encode()[:120])
 
 
 async def _index(request: web.Request) -> web.Response:
@@ -57,12 +62,20 @@ def make_app(config: Config, *, store: Store | None = None, clock: Clock | None 
     app[CONNECTIONS] = OpenSockets()
     app[REGISTRY] = make_registry(service)
     app.cleanup_ctx.append(_service_ctx)
+    gossip = None
     if config.cluster.enabled:
-        app[GOSSIP] = GossipNode(config.cluster, cluster_view.node_meta(service))
+        gossip = app[GOSSIP] = GossipNode(config.cluster, NodeMeta(service.node_name))
         app.cleanup_ctx.append(cluster_view.gossip_ctx)  # after the service: joins once recovered
+    app[REPLICATION] = ReplicationNode(
+        service,
+        gossip=gossip,
+        close_clients=functools.partial(_close_connections, app),
+        on_change=functools.partial(cluster_view.announce, app),
+    )
+    app.cleanup_ctx.append(sync.replication_ctx)  # after gossip: the first role may depend on it
     app.on_shutdown.append(_close_connections)
     app.router.add_get("/", _index)
     for table in (compat.routes, compat_console.routes, v1_ws.routes, v1_http.routes, ops.routes,
-                  cluster_view.routes):
+                  cluster_view.routes, sync.routes):
         app.add_routes(table)
     return app

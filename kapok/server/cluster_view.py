@@ -19,28 +19,39 @@ from prometheus_client.registry import Collector
 from kapok import __version__
 from kapok.cluster.messages import NodeMeta, NodeState, State
 from kapok.cluster.node import GossipNode, format_addr, split_addr
-from kapok.server.keys import GOSSIP, REGISTRY, SERVICE
+from kapok.server.keys import GOSSIP, REGISTRY, REPLICATION, SERVICE
+from kapok.server.ops import pair_role
 from kapok.server.responses import json_response
 from kapok.server.service import BrokerService
 
-__all__ = ["compat_nodes", "gossip_ctx", "member_rows", "routes"]
+__all__ = ["announce", "compat_nodes", "gossip_ctx", "member_rows", "node_meta", "routes"]
 
 routes = web.RouteTableDef()
 
 _LIVE = (State.ALIVE, State.SUSPECT)  # members that take traffic (a suspect may still refute)
 
 
-def node_meta(service: BrokerService) -> NodeMeta:
+def node_meta(app: web.Application) -> NodeMeta:
     """What this node tells the cluster about itself."""
-    cfg = service.config
+    service, node = app[SERVICE], app[REPLICATION]
     return NodeMeta(
         name=service.node_name,
         http_url=_reachable_http_url(service),
-        role=cfg.replication.role,
-        pair=None,
+        role=pair_role(node),
+        pair=node.state.partner,
         version=__version__,
         load=float(len(service.clients)),
+        epoch=node.state.epoch,
+        active=node.active,
+        lag=node.lag(),
     )
+
+
+def announce(app: web.Application) -> None:
+    """Gossip this node's metadata now (a role or epoch changed: others must know at once)."""
+    gossip = app.get(GOSSIP)
+    if gossip is not None and gossip.swim is not None:
+        gossip.set_meta(node_meta(app))
 
 
 def _reachable_http_url(service: BrokerService) -> str:
@@ -60,29 +71,35 @@ def _members(app: web.Application) -> list[NodeState]:
     if gossip is not None:
         return gossip.members()
     service = app[SERVICE]
-    return [NodeState(service.node_name, "", 0, State.ALIVE, node_meta(service))]
+    return [NodeState(service.node_name, "", 0, State.ALIVE, node_meta(app))]
 
 
 def member_rows(app: web.Application) -> list[dict[str, Any]]:
     """``GET /cluster/nodes``: every member this node knows, itself included."""
     service = app[SERVICE]
-    return [
-        {
-            "name": m.name,
-            "http_url": m.meta.http_url,
-            "gossip_addr": m.addr or None,
-            "state": m.state.value,
-            "incarnation": m.incarnation,
-            "role": m.meta.role,
-            "active": m.meta.role == "master",  # takes producers and consumers (replication refines it)
-            "pair": m.meta.pair,
-            "epoch": 0,  # replication's fencing epoch; 0 until a failover happens
-            "version": m.meta.version,
-            "load": m.meta.load,
-            "self": m.name == service.node_name,
-        }
-        for m in _members(app)
-    ]
+    rows = []
+    for m in _members(app):
+        me = m.name == service.node_name
+        meta = node_meta(app) if me else m.meta  # our own row as of now, not as last gossiped
+        lag = meta.lag
+        rows.append(
+            {
+                "name": m.name,
+                "http_url": meta.http_url,
+                "gossip_addr": m.addr or None,
+                "state": m.state.value,
+                "incarnation": m.incarnation,
+                "role": meta.role,
+                "active": meta.active,  # takes producers and consumers now
+                "pair": meta.pair,
+                "epoch": meta.epoch,
+                "lag": None if lag is None else {"records": lag[0], "bytes": lag[1], "seconds": lag[2]},
+                "version": meta.version,
+                "load": meta.load,
+                "self": me,
+            }
+        )
+    return rows
 
 
 def compat_nodes(app: web.Application, *, masters_only: bool) -> list[dict[str, str]]:
@@ -90,7 +107,7 @@ def compat_nodes(app: web.Application, *, masters_only: bool) -> list[dict[str, 
     with the *HTTP* address, which is what the KapokMQ cluster producer connects to."""
     out = []
     for m in _members(app):
-        if m.state not in _LIVE or (masters_only and m.meta.role != "master"):
+        if m.state not in _LIVE or (masters_only and not m.meta.active):
             continue
         url = urlsplit(m.meta.http_url)
         if url.hostname is None or url.port is None:
@@ -146,11 +163,11 @@ async def gossip_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     service = app[SERVICE]
-    node.meta = node_meta(service)  # the runner knows the real HTTP port by now
+    node.meta = node_meta(app)  # the runner knows the real HTTP port by now
     await node.start()
     app[REGISTRY].register(_GossipCollector(node))
     print(f"kapok: node {service.node_name} gossip on {node.addr}", flush=True)
-    refresh = asyncio.get_running_loop().create_task(_refresh_meta(node, service))
+    refresh = asyncio.get_running_loop().create_task(_refresh_meta(node, app))
     try:
         yield
     finally:
@@ -160,11 +177,12 @@ async def gossip_ctx(app: web.Application) -> AsyncIterator[None]:
         await node.aclose()
 
 
-async def _refresh_meta(node: GossipNode, service: BrokerService) -> None:
-    """Re-publish the metadata when it changed (the load figure), at most once per
-    push-pull period: each change costs a new incarnation gossiped to every member."""
+async def _refresh_meta(node: GossipNode, app: web.Application) -> None:
+    """Re-publish the metadata when it changed (the load figure, a slave's lag), at most once
+    per push-pull period: each change costs a new incarnation gossiped to every member.
+    Role and epoch changes go out at once (``announce``)."""
     while True:
         await asyncio.sleep(node.swim_config.push_pull_interval_s)
-        meta = node_meta(service)
+        meta = node_meta(app)
         if meta != node.meta:
             node.set_meta(meta)

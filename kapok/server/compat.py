@@ -19,7 +19,7 @@ from aiohttp import WSMsgType, web
 
 from kapok.core.broker import Draft
 from kapok.core.model import Consumer, Entry
-from kapok.errors import BadRequestError, KapokError
+from kapok.errors import BadRequestError, KapokError, UnavailableError
 from kapok.server.auth import KEY_ERROR, compat_handshake, key_matches
 from kapok.server.codec import client_label, compat_draft, compat_fields_draft, compat_pushes
 from kapok.server.keys import SERVICE
@@ -99,6 +99,9 @@ class _Publisher(_TurnBatch[Draft]):
     def handle(self, drafts: list[Draft]) -> None:
         try:
             _, durable = self.service.publish(drafts)
+        except UnavailableError as exc:  # the node takes no writes now: not the frames' fault
+            self.outbox.send_many([compat_error(exc.message)] * len(drafts))
+            return
         except KapokError as exc:
             if len(drafts) == 1:
                 self.service.count_bad_input("compat_producer_frame")
@@ -111,7 +114,11 @@ class _Publisher(_TurnBatch[Draft]):
             log.exception("unexpected error publishing KapokMQ frames")
             self.outbox.send_many([compat_error("internal error; see the node's log")] * len(drafts))
             return
-        self.outbox.send_many([OK] * len(drafts), after=durable)
+        self.outbox.send_many([OK] * len(drafts), after=durable, refuse=_refusal)
+
+
+def _refusal(exc: KapokError) -> bytes:
+    return compat_error(exc.message)
 
 
 @routes.get("/Producers/Conn/{topic}/{producer_id}")

@@ -9,9 +9,10 @@ from prometheus_client import CollectorRegistry
 
 from kapok.cluster.node import GossipNode
 from kapok.config import Config
+from kapok.replication.node import ReplicationNode
 from kapok.server.service import BrokerService
 
-__all__ = ["CONFIG", "CONNECTIONS", "GOSSIP", "REGISTRY", "SERVICE"]
+__all__ = ["CONFIG", "CONNECTIONS", "GOSSIP", "REGISTRY", "REPLICATION", "SERVICE"]
 
 CONFIG: Final = web.AppKey("config", Config)
 SERVICE: Final = web.AppKey("service", BrokerService)
@@ -27,3 +28,4 @@ CONNECTIONS: Final = web.AppKey("connections", OpenSockets)
 REGISTRY: Final = web.AppKey("metrics_registry", CollectorRegistry)
 # Set only when cluster.enabled; read it with ``app.get(GOSSIP)``.
 GOSSIP: Final = web.AppKey("gossip", GossipNode)
+REPLICATION: Final = web.AppKey("replication", ReplicationNode)

@@ -41,10 +41,15 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_json("internal", "internal error; see the node's log", 500)
 
 
+# Routes that carry messages or change the pair: they need the key (checked before a
+# WebSocket upgrade, so a slave with a wrong key never sees a byte of the log).
+_PROTECTED = ("/v1/", "/sync/", "/replication/unpair")
+
+
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every ``/v1/`` route needs ``Authorization: Bearer <mq.secret_key>``."""
-    if request.path.startswith("/v1/"):
+    """Native and replication routes need ``Authorization: Bearer <mq.secret_key>``."""
+    if request.path.startswith(_PROTECTED):
         service = request.app[SERVICE]
         if not bearer_ok(request, service.config.mq.secret_key):
             service.auth_failures += 1

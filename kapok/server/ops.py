@@ -10,10 +10,12 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kapok import __version__
-from kapok.server.keys import REGISTRY, SERVICE
+from kapok.replication.node import ReplicationNode
+from kapok.replication.protocol import Role
+from kapok.server.keys import REGISTRY, REPLICATION, SERVICE
 from kapok.server.responses import json_response
 
-__all__ = ["routes"]
+__all__ = ["pair_role", "routes"]
 
 routes = web.RouteTableDef()
 
@@ -21,13 +23,16 @@ routes = web.RouteTableDef()
 @routes.get("/health")
 async def health(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    cfg = service.config
+    node = request.app[REPLICATION]
     return json_response(
         {
             "status": "ok",
             "node": service.node_name,
-            "role": cfg.replication.role,
-            "active": cfg.replication.role == "master",
+            "role": pair_role(node),
+            "configured_role": node.configured_role,
+            "active": node.active,
+            "epoch": node.state.epoch,
+            "pair": node.state.partner,
             "version": __version__,
             "uptime_s": round(service.now() - service.started_at, 3),
             "clients": len(service.clients),
@@ -39,3 +44,8 @@ async def health(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     body = generate_latest(request.app[REGISTRY])
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def pair_role(node: ReplicationNode) -> str:
+    """``master`` while a node leads its pair (fenced or handing over included), else ``slave``."""
+    return "slave" if node.role in (Role.FOLLOWER, Role.STARTING) else "master"

@@ -9,7 +9,10 @@ than ``max_bytes`` are queued, see ``wait_writable``).
 
 A frame may wait for a future first (a producer ack waits until its message
 is durable) and may run a callback once written (auto-ack consumers are
-acked only after the write: at-most-once, never lost before the write).
+acked only after the write: at-most-once, never lost before the write). When
+the future fails with an ``UnavailableError`` (sync replication without its
+slave), the item's ``refuse`` builds the error frames sent in its place; any
+other failure (the disk) closes the connection.
 
 Why frames are framed here and not by aiohttp's ``send_frame``: a socket
 write is a system call, and the KapokMQ protocol sends one frame per message
@@ -33,14 +36,17 @@ from collections.abc import Callable
 from aiohttp import WSCloseCode, web
 from aiohttp.abc import AbstractStreamWriter
 
-from kapok.errors import KapokError, StorageError
+from kapok.errors import KapokError, StorageError, UnavailableError
 
 __all__ = ["Outbox", "text_frame_header", "text_frames"]
 
 log = logging.getLogger("kapok.server")
 
-# A queue item: one or more frames, already framed, what they wait for, what runs once written.
-_Item = tuple[bytes, "asyncio.Future[None] | None", Callable[[], None] | None]
+# What to send instead of frames whose future failed with an UnavailableError (wire bytes).
+Refusal = Callable[[KapokError], bytes]
+# A queue item: one or more frames, already framed, what they wait for, what runs once
+# written, and what to send instead if the wait fails.
+_Item = tuple[bytes, "asyncio.Future[None] | None", Callable[[], None] | None, Refusal | None]
 
 # RFC 6455 §5.2, server to client (never masked): FIN + opcode 1 (text), then the length.
 _FIN_TEXT = 0x81
@@ -98,21 +104,37 @@ class Outbox:
         *,
         after: asyncio.Future[None] | None = None,
         on_sent: Callable[[], None] | None = None,
+        refuse: Callable[[KapokError], bytes] | None = None,
     ) -> None:
-        """Queue one text frame with ``frame`` as its payload."""
-        self._enqueue(text_frame_header(len(frame)) + frame, after, on_sent)
+        """Queue one text frame with ``frame`` as its payload; ``refuse`` gives the payload
+        sent instead when ``after`` fails with an ``UnavailableError``."""
+        wire_refusal = None if refuse is None else (lambda exc: text_frames([refuse(exc)]))
+        self._enqueue(text_frame_header(len(frame)) + frame, after, on_sent, wire_refusal)
 
-    def send_many(self, frames: list[bytes], *, after: asyncio.Future[None] | None = None) -> None:
-        """Queue one text frame per payload (one queue item for all of them)."""
+    def send_many(
+        self,
+        frames: list[bytes],
+        *,
+        after: asyncio.Future[None] | None = None,
+        refuse: Callable[[KapokError], bytes] | None = None,
+    ) -> None:
+        """Queue one text frame per payload (one queue item for all of them); ``refuse``
+        gives the payload sent instead of each when ``after`` fails with an ``UnavailableError``."""
         if frames:
-            self._enqueue(text_frames(frames), after, None)
+            n = len(frames)
+            wire_refusal = None if refuse is None else (lambda exc: text_frames([refuse(exc)] * n))
+            self._enqueue(text_frames(frames), after, None, wire_refusal)
 
     def _enqueue(
-        self, data: bytes, after: asyncio.Future[None] | None, on_sent: Callable[[], None] | None
+        self,
+        data: bytes,
+        after: asyncio.Future[None] | None,
+        on_sent: Callable[[], None] | None,
+        refusal: Refusal | None,
     ) -> None:
         if self.closed:
             return
-        self._queue.append((data, after, on_sent))
+        self._queue.append((data, after, on_sent, refusal))
         self._bytes += len(data)
         if not self._wakeup.is_set():
             self._wakeup.set()
@@ -155,17 +177,21 @@ class Outbox:
         queue = self._queue
         parts: list[bytes] = []
         callbacks: list[Callable[[], None]] = []
-        size = 0
+        size = dequeued = 0
         failed: BaseException | None = None
         while queue and size < _WRITE_MAX:
-            data, after, on_sent = queue[0]
+            data, after, on_sent, refusal = queue[0]
+            queued = len(data)
             if after is not None:
                 if not after.done():
                     break
                 failed = StorageError("cancelled") if after.cancelled() else after.exception()
+                if isinstance(failed, UnavailableError) and refusal is not None:
+                    data, on_sent, failed = refusal(failed), None, None  # an error frame, not a hang-up
                 if failed is not None:
                     break
             queue.popleft()
+            dequeued += queued
             parts.append(data)
             size += len(data)
             if on_sent is not None:
@@ -174,7 +200,7 @@ class Outbox:
             if self._ws.closed or self._transport.is_closing():
                 return False
             self._transport.write(parts[0] if len(parts) == 1 else b"".join(parts))
-            self._bytes -= size
+            self._bytes -= dequeued
             if self._bytes <= self._max_bytes // 2:
                 self._drained.set()
             for on_sent in callbacks:

@@ -12,11 +12,12 @@ call these methods, so all protocols share one set of rules.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -72,6 +73,11 @@ class BrokerService:
         self.bad_input: Counter[str] = Counter()  # by kind, exported in /metrics
         self.auth_failures = 0
         self.started_at = self.clock.time()
+        # Set by replication (``kapok.replication.node``): ``gate(publish)`` raises when this
+        # node must refuse a client now (a passive slave, a fenced master, a sync master
+        # without its slave); ``confirm`` makes a publish's confirmation wait for the slave.
+        self.gate: Callable[[bool], None] | None = None
+        self.confirm: Callable[[asyncio.Future[None] | None], asyncio.Future[None] | None] | None = None
         self._sinks: dict[int, Sink] = {}
         self._waiters: dict[Group, asyncio.Event] = {}
         self._timer: Timer | None = None
@@ -80,15 +86,37 @@ class BrokerService:
 
     # ------------------------------------------------------------ lifecycle
 
-    async def start(self) -> None:
-        await self.store.open(self.broker, self.now())
+    async def start(self, *, mirror: bool = False) -> None:
+        """Recover the store; a ``mirror`` stays as replayed until replication decides."""
+        await self.store.open(self.broker, self.now(), mirror=mirror)
+        self._settle()
+
+    async def reopen(self, store: Store, *, mirror: bool) -> None:
+        """Replace the store and the broker's state with what ``store`` recovers (replication:
+        a node that starts following, or has received a full transfer). The caller has
+        closed every client connection and the old store is closed here."""
+        self._cancel_timer()
+        self._sinks.clear()
+        self._waiters.clear()
+        with contextlib.suppress(Exception):
+            await self.store.aclose(snapshot=False)
+        self.broker = Broker(self.config.mq.settings(), self.broker.node_id, journal=store.wants_changes)
+        self.store = store
+        await store.open(self.broker, self.now(), mirror=mirror)
+
+    def resumed(self) -> None:
+        """The mirrored state went live (replication promoted this node): start its timer."""
         self._settle()
 
     async def aclose(self) -> None:
+        self._cancel_timer()
+        await self.store.aclose()
+
+    def _cancel_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        await self.store.aclose()
+        self._timer_at = math.inf
 
     def now(self) -> float:
         return self.clock.time()
@@ -116,10 +144,21 @@ class BrokerService:
 
     def publish(self, drafts: Sequence[Draft]) -> tuple[list[str], asyncio.Future[None] | None]:
         """Store a batch; returns the codes and what to await before confirming them."""
+        if self.gate is not None:
+            self.gate(True)
         codes = self.broker.publish(drafts, self.now())
-        return codes, self._settle()
+        durable = self._settle()
+        if self.confirm is not None:
+            durable = self.confirm(durable)
+        return codes, durable
+
+    def check_active(self) -> None:
+        """Raise when this node takes no clients now (see ``gate``)."""
+        if self.gate is not None:
+            self.gate(False)
 
     def subscribe(self, sink: Sink, topic: str, **options: object) -> Consumer:
+        self.check_active()
         consumer = self.broker.subscribe(topic, now=self.now(), **options)  # type: ignore[arg-type]
         self._sinks[consumer.id] = sink
         self._settle()
@@ -150,11 +189,13 @@ class BrokerService:
         self._settle()
 
     def settle_in_group(self, topic: str, group: str | None, codes: Iterable[str], how: Settle) -> list[str]:
+        self.check_active()
         unknown = self.broker.settle_in_group(topic, group, codes, how, self.now())
         self._settle()
         return unknown
 
     def delete(self, code: str) -> bool:
+        self.check_active()
         found = self.broker.delete(code, self.now())
         self._settle()
         return found
@@ -163,6 +204,7 @@ class BrokerService:
         self, topic: str, group: str | None, max_n: int, lease_s: float, wait_s: float
     ) -> list[Entry]:
         """Lease up to ``max_n`` messages, waiting up to ``wait_s`` for the first to arrive."""
+        self.check_active()
         give_up = self.now() + wait_s
         while True:
             entries = self.broker.pull(topic, group, max_n, lease_s, self.now())

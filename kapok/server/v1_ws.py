@@ -21,7 +21,14 @@ import orjson
 from aiohttp import WSMsgType, web
 
 from kapok.core.model import Consumer, Entry
-from kapok.errors import BadRequestError, KapokError, SubscriptionError, UnknownCodeError, UnknownOpError
+from kapok.errors import (
+    BadRequestError,
+    KapokError,
+    SubscriptionError,
+    UnavailableError,
+    UnknownCodeError,
+    UnknownOpError,
+)
 from kapok.server.codec import (
     client_label,
     decode_object,
@@ -90,7 +97,8 @@ class NativeConnection:
                 raise UnknownOpError(f"unknown op {op!r}; expected one of {', '.join(self._ops)}")
             handler(frame, rid)
         except KapokError as exc:
-            self.service.count_bad_input(f"v1_{exc.code}")
+            if not isinstance(exc, UnavailableError):  # the node's state, not the frame's fault
+                self.service.count_bad_input(f"v1_{exc.code}")
             self.outbox.send(error_frame(exc, rid))
         except Exception:  # a bug: keep the connection and the node alive
             log.exception("unexpected error handling a /v1/ws frame")
@@ -116,7 +124,11 @@ class NativeConnection:
         published = self.info.published
         if len(published) < MAX_LISTED_TOPICS:
             published.update({d.topic for d in drafts})
-        self.outbox.send(orjson.dumps({"op": "puback", "id": rid, "codes": codes}), after=durable)
+        self.outbox.send(
+            orjson.dumps({"op": "puback", "id": rid, "codes": codes}),
+            after=durable,
+            refuse=lambda exc: error_frame(exc, rid),
+        )
 
     # ------------------------------------------------------------ consuming
 

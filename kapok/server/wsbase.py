@@ -25,7 +25,9 @@ def frame_limit(max_message_bytes: int, max_batch: int) -> int:
 async def open_ws(request: web.Request, *, text: bool) -> AsyncIterator[tuple[web.WebSocketResponse, Outbox]]:
     """Upgrade, register the socket and its outbox, and always tear both down."""
     app = request.app
-    cfg = app[SERVICE].config
+    service = app[SERVICE]
+    cfg = service.config
+    service.check_active()  # a passive slave or a fenced master answers 503 before the upgrade
     connections = app[CONNECTIONS]
     if len(connections) >= cfg.server.max_connections:
         raise TooManyConnectionsError(f"the node already has {len(connections)} connections")

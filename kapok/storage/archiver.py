@@ -93,6 +93,10 @@ class ArchiveFeed:
         return self._proc.pid if self._proc is not None else None
 
     @property
+    def started(self) -> bool:
+        return self._proc is not None
+
+    @property
     def alive(self) -> bool:
         proc, pipe = self._proc, self._pipe
         return proc is not None and proc.returncode is None and pipe is not None and not pipe.is_closing()

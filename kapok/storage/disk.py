@@ -24,7 +24,7 @@ import gc
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -36,9 +36,9 @@ from kapok.errors import StorageError
 from kapok.storage.archiver import ArchiveFeed, ArchiveSettings
 from kapok.storage.records import FrameReader, encode_batch, encode_end
 from kapok.storage.snapshot import FoundSnapshot, SnapshotWriter, find_newest, map_file
-from kapok.storage.wal import WriteAheadLog, list_segments
+from kapok.storage.wal import Segment, WriteAheadLog, list_segments
 
-__all__ = ["DiskStore"]
+__all__ = ["DiskStore", "begin_transfer"]
 
 log = logging.getLogger("kapok.storage")
 
@@ -70,7 +70,6 @@ class DiskStore:
             interval_ms=cfg.fsync_interval_ms,
             segment_max_bytes=cfg.segment_max_bytes,
             fsync=fsync,
-            archive=self.archive,
         )
         self._fsync = fsync
         self._broker: Broker | None = None
@@ -84,10 +83,14 @@ class DiskStore:
         self.recovery_s = 0.0
         self.snapshots_skipped = 0
         self._lock_fd: int | None = None
+        self._closed = False
 
     # ------------------------------------------------------------ recovery
 
-    async def open(self, broker: Broker, now: float) -> None:
+    async def open(self, broker: Broker, now: float, *, mirror: bool = False) -> None:
+        """Recover into ``broker`` and start the WAL and the snapshots. A ``mirror`` (a slave
+        following its master) keeps the replayed state as it is, for more records to be
+        applied (``kapok.core.replay.Mirror``), and writes no archive until it is promoted."""
         loop = asyncio.get_running_loop()
         for directory in (self.wal_dir, self.snapshot_dir):
             directory.mkdir(parents=True, exist_ok=True)
@@ -108,10 +111,10 @@ class DiskStore:
             if gc_was_on:
                 gc.enable()
         broker.journal = journal
-        requeued = finish_recovery(broker, now)
+        requeued = 0 if mirror else finish_recovery(broker, now)
         self._broker = broker
-        if self.archive is not None:
-            await self.archive.start()
+        if not mirror:
+            await self.start_archive()
         self.wal.start(next_lsn)
         self.recovery_s = time.perf_counter() - started
         log.info(
@@ -161,6 +164,24 @@ class DiskStore:
                     log.warning("WAL %s follows a damaged segment; set aside as .orphan", later.path.name)
                 break
         return next_lsn, replayed
+
+    async def start_archive(self) -> None:
+        """Start writing the archive (at start-up, or when a slave is promoted)."""
+        if self.archive is not None and not self.archive.started:
+            await self.archive.start()
+            self.wal.attach_archive(self.archive)
+
+    def replay_from(self, lsn: int) -> Iterator[Change]:
+        """The records of the WAL from ``lsn`` to its end (a node that learns it diverged
+        sets them aside for the operator). Reads the files: call it on a worker thread."""
+        for segment, following in _with_next(list_segments(self.wal_dir)):
+            if following is not None and following.first_lsn <= lsn:
+                continue
+            at = segment.first_lsn
+            for record in FrameReader(map_file(segment.path)):
+                if at >= lsn:
+                    yield record
+                at += 1
 
     # ------------------------------------------------------------ appending
 
@@ -231,12 +252,17 @@ class DiskStore:
             "archive_restarts_total": archive.restarts if archive else 0,
         }
 
-    async def aclose(self) -> None:
+    async def aclose(self, *, snapshot: bool = True) -> None:
+        """Stop: a last snapshot (unless told not to: a slave about to replace its state
+        skips it), then the WAL, the archive and the directory lock. Closing twice is a no-op."""
+        if self._closed:
+            return
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._broker is not None:
+        if self._broker is not None and snapshot:
             try:
                 await self.snapshot()
             except Exception:
@@ -248,6 +274,24 @@ class DiskStore:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the lock
             self._lock_fd = None
+
+
+def begin_transfer(cfg: StorageConfig, lsn: int) -> SnapshotWriter:
+    """Empty a (closed) store's WAL and snapshots for a full state transfer, and return the
+    writer of the snapshot at ``lsn`` that the transfer fills. Once it is committed, a
+    ``DiskStore`` opened on the directory recovers the transferred state and appends from
+    ``lsn`` on. Blocking file work: call it on a worker thread."""
+    root = Path(cfg.dir)
+    for directory, pattern in ((root / "wal", "*"), (root / "snapshots", "*")):
+        directory.mkdir(parents=True, exist_ok=True)
+        for path in directory.glob(pattern):
+            path.unlink(missing_ok=True)
+    return SnapshotWriter(root / "snapshots", lsn)
+
+
+def _with_next(segments: list[Segment]) -> Iterator[tuple[Segment, Segment | None]]:
+    for i, segment in enumerate(segments):
+        yield segment, segments[i + 1] if i + 1 < len(segments) else None
 
 
 def _lock(directory: Path) -> int:

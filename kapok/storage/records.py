@@ -40,6 +40,7 @@ __all__ = [
     "FrameReader",
     "batch_rows",
     "decode_frames",
+    "decode_payload",
     "encode",
     "encode_all",
     "encode_batch",
@@ -153,6 +154,15 @@ def batch_rows(payload: memoryview | bytes) -> list[Any]:
     return rows
 
 
+def decode_payload(payload: memoryview | bytes) -> list[ch.Change]:
+    """The records of one batch payload (what ``encode_payload`` made); ``StorageError``
+    when it is not one."""
+    try:
+        return _decode_batch(memoryview(payload))
+    except _UNDECODABLE as exc:
+        raise StorageError(f"undecodable batch: {exc}") from None
+
+
 def _decode_batch(payload: memoryview) -> list[ch.Change]:
     rows = batch_rows(payload)
     pos = 5 + _U32.unpack_from(payload, 1)[0]
@@ -194,6 +204,9 @@ def _decode_batch(payload: memoryview) -> list[ch.Change]:
     if pos != len(payload):
         raise StorageError("a batch has bytes left over")
     return out
+
+
+_UNDECODABLE = (StorageError, ValueError, TypeError, IndexError, struct.error, orjson.JSONDecodeError)
 
 
 class FrameReader:
@@ -248,14 +261,7 @@ class FrameReader:
             if self._decode:
                 try:
                     records = decode(payload)
-                except (
-                    StorageError,
-                    ValueError,
-                    TypeError,
-                    IndexError,
-                    struct.error,
-                    orjson.JSONDecodeError,
-                ) as e:
+                except _UNDECODABLE as e:
                     self.problem = f"undecodable record at offset {pos}: {e}"
                     return
             pos = self.good_end = end

@@ -27,8 +27,9 @@ class Store(Protocol):
         """False when the store keeps nothing, so the broker can skip building records."""
         ...
 
-    async def open(self, broker: Broker, now: float) -> None:
-        """Recover what was stored into ``broker`` and start accepting appends."""
+    async def open(self, broker: Broker, now: float, *, mirror: bool = False) -> None:
+        """Recover what was stored into ``broker`` and start accepting appends; a ``mirror``
+        keeps the replayed state as it is (``kapok.core.replay.Mirror``)."""
         ...
 
     def append(self, changes: Sequence[Change]) -> asyncio.Future[None] | None: ...
@@ -38,7 +39,7 @@ class Store(Protocol):
         grows while the node runs), any other a gauge."""
         ...
 
-    async def aclose(self) -> None: ...
+    async def aclose(self, *, snapshot: bool = True) -> None: ...
 
 
 class MemoryStore:
@@ -46,7 +47,7 @@ class MemoryStore:
 
     wants_changes = False
 
-    async def open(self, broker: Broker, now: float) -> None:
+    async def open(self, broker: Broker, now: float, *, mirror: bool = False) -> None:
         return None
 
     def append(self, changes: Sequence[Change]) -> asyncio.Future[None] | None:
@@ -55,5 +56,5 @@ class MemoryStore:
     def stats(self) -> dict[str, float]:
         return {}
 
-    async def aclose(self) -> None:
+    async def aclose(self, *, snapshot: bool = True) -> None:
         return None

@@ -66,6 +66,16 @@ ARCHIVE_BATCH_BYTES = 1024 * 1024
 INLINE_WRITE_BYTES = 64 * 1024
 
 
+class ReplicaSink(Protocol):
+    """Where a master's encoded batches go as soon as they are encoded (the replication
+    backlog): the same payloads the WAL writes, so a slave writes and applies exactly
+    what the master logged, under the same LSNs."""
+
+    def offer(self, first_lsn: int, count: int, payload: bytes) -> None:
+        """Take one batch of ``count`` records; never blocks."""
+        ...
+
+
 class ArchiveSink(Protocol):
     """Where written frames go (``kapok.storage.archiver.ArchiveFeed``)."""
 
@@ -103,11 +113,14 @@ class _Batch:
     first_lsn: int
     changes: list[Change]
     new_segment: bool  # start a new segment file before writing this batch
+    payload: bytes | None = None  # already encoded (a slave's copy of its master's batch)
+    count: int = 0  # records in ``payload``
 
 
 @dataclass(slots=True)
 class _Encoded:
     first_lsn: int
+    count: int
     payload: bytes
     new_segment: bool
     header: bytes = b""  # length and CRC, computed where it is written
@@ -135,6 +148,7 @@ class WriteAheadLog:
         self.bytes_written = 0
         self._batches: list[_Batch] = []
         self._archive = archive
+        self.replica: ReplicaSink | None = None  # set while this node is a master with a slave
         # Every append until the flusher takes the batches shares ``_pending``;
         # ``_inflight`` is the one of the batches being written.
         self._pending: asyncio.Future[None] | None = None
@@ -185,7 +199,7 @@ class WriteAheadLog:
         """Queue records; the future completes once they are durable under the policy."""
         if self.failed is not None:
             raise self.failed
-        if not self._batches or self._cut_next:
+        if not self._batches or self._cut_next or self._batches[-1].payload is not None:
             self._batches.append(_Batch(self.next_lsn, [], self._cut_next))
             self._cut_next = False
         self._batches[-1].changes.extend(changes)
@@ -197,6 +211,26 @@ class WriteAheadLog:
             future = self._pending = self._loop.create_future()
             self._wakeup.set()
         return future
+
+    def append_encoded(self, payload: bytes, count: int) -> asyncio.Future[None]:
+        """Queue one batch that is already encoded (``count`` records, as another node's
+        WAL wrote it): it is written as one frame of its own, at the next LSNs."""
+        if self.failed is not None:
+            raise self.failed
+        self._batches.append(_Batch(self.next_lsn, [], self._cut_next, payload, count))
+        self._cut_next = False
+        self.next_lsn += count
+        self.records_written += count
+        future = self._pending
+        if future is None:
+            assert self._loop is not None, "append before start"
+            future = self._pending = self._loop.create_future()
+            self._wakeup.set()
+        return future
+
+    def attach_archive(self, archive: ArchiveSink) -> None:
+        """Hand the frames written from now on to ``archive`` too."""
+        self._archive = archive
 
     def cut(self) -> int:
         """Make the next record start a new segment; returns that record's LSN."""
@@ -220,9 +254,10 @@ class WriteAheadLog:
                 waiter, self._pending = self._pending, None
                 self._inflight = waiter
                 try:
-                    encoded = [
-                        _Encoded(b.first_lsn, encode_payload(b.changes), b.new_segment) for b in batches
-                    ]
+                    encoded = [_encode(b) for b in batches]
+                    if self.replica is not None:  # before the write: a slave's copy overlaps it
+                        for e in encoded:
+                            self.replica.offer(e.first_lsn, e.count, e.payload)
                     if self._inline(encoded):
                         self._write(encoded, sync)
                     else:
@@ -400,3 +435,9 @@ class WriteAheadLog:
             return len(doomed)
 
         return await asyncio.get_running_loop().run_in_executor(self._thread, drop)
+
+
+def _encode(batch: _Batch) -> _Encoded:
+    if batch.payload is not None:
+        return _Encoded(batch.first_lsn, batch.count, batch.payload, batch.new_segment)
+    return _Encoded(batch.first_lsn, len(batch.changes), encode_payload(batch.changes), batch.new_segment)

@@ -103,8 +103,11 @@ EXPECTED_DEFAULTS = {
     **{f"cluster.tuning.{f.name}": None for f in dataclasses.fields(GossipTuning)},
     "replication.role": "master",
     "replication.master": "",
-    "replication.mode": "async",
+    "replication.mode": "sync",
     "replication.failover_timeout_s": 3.0,
+    "replication.sync_timeout_ms": 1000,
+    "replication.backlog_bytes": 67108864,
+    "replication.give_back": True,
     "log.level": "info",
 }
 
@@ -432,7 +435,10 @@ def test_empty_topic_override_is_allowed() -> None:
         ("replication.role=primary", "replication.role: expected one of 'master', 'slave'"),
         ("replication.mode=semi", "replication.mode: expected one of 'async', 'sync'"),
         ("replication.failover_timeout_s=0", "replication.failover_timeout_s: expected a number > 0"),
-        ("replication.master=ws://m:8011", "replication.master: expected an http(s) URL"),
+        ("replication.master=http://m:8011", "replication.master: only a slave names its master"),
+        ("replication.sync_timeout_ms=0", "replication.sync_timeout_ms: expected an integer >= 1"),
+        ("replication.backlog_bytes=1000", "replication.backlog_bytes: expected an integer >= 65536"),
+        ("replication.give_back=maybe", "replication.give_back: expected true or false"),
         ("log.level=trace", "log.level: expected one of 'debug', 'info', 'warning', 'error', got 'trace'"),
         (
             "mq.max_message_bytes=100000000",
@@ -451,8 +457,13 @@ def test_slave_needs_a_master_url() -> None:
     message = error_of("replication.role=slave")
     assert message.startswith("replication.master: expected an http(s) URL")
     assert "required when replication.role is slave" in message
+    message = error_of("replication.role=slave", "replication.master=ws://m:8011")
+    assert message.startswith("replication.master: expected an http(s) URL")
     config = load("replication.role=slave", "replication.master=https://10.0.0.1:8011")
     assert config.replication.master == "https://10.0.0.1:8011"
+    assert error_of("replication.role=slave", "replication.master=http://127.0.0.1:8011").startswith(
+        "replication.master: 'http://127.0.0.1:8011' is this node itself"
+    )
 
 
 def test_good_host_port_forms() -> None:

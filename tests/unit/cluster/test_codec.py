@@ -42,6 +42,9 @@ def metas(draw: st.DrawFn, name: str | None = None) -> NodeMeta:
         draw(st.none() | names),
         draw(addrs),
         draw(loads),
+        draw(seqs),
+        draw(st.booleans()),
+        draw(st.none() | st.tuples(seqs, seqs, st.floats(min_value=0, max_value=1e9))),
     )
 
 
@@ -141,6 +144,10 @@ def test_authentic_but_malformed_bodies_are_errors(value: object) -> None:
         b'[[1,1,"a","b","yes"]]',  # nack flag not a boolean
         b'[[4,1,"a","b",["u","r",null,"v","high"]]]',  # load not a number
         b'[[4,1,"a","b",["u","r",null,"v"]]]',  # short meta
+        b'[[4,1,"a","b",["u","r",null,"v",0,-1]]]',  # negative epoch
+        b'[[4,1,"a","b",["u","r",null,"v",0,1,"yes"]]]',  # active not a boolean
+        b'[[4,1,"a","b",["u","r",null,"v",0,1,true,[1,2]]]]',  # short lag
+        b'[[4,1,"a","b",["u","r",null,"v",0,1,true,null,9]]]',  # too many meta fields
         b'[[6,"s","a",false,true,[["n","a",1,"zombie",["u","r",null,"v",0]]]]]',  # unknown state
         b'[[6,"s","a",false,true,[["n"]]]]',  # short row
         b'[[3,1,"' + b"x" * 300 + b'","b"]]',  # name over the length limit
@@ -157,6 +164,15 @@ def test_ping_sends_its_stream_reply_address_only_when_it_has_one() -> None:
     assert Codec().encode([Ping(1, "a", "b")]) == _plain(b'[[0,1,"a","b"]]')
     assert Codec().encode([Ping(1, "a", "b", "b:1")]) == _plain(b'[[0,1,"a","b","b:1"]]')
     assert Codec().decode(_plain(b'[[0,1,"a","b","b:1"]]')) == (Ping(1, "a", "b", "b:1"),)
+
+
+def test_meta_of_a_first_version_node_reads_with_defaults() -> None:
+    # Nodes before replication sent five meta fields: an old master is active, epoch 0.
+    (alive,) = Codec().decode(_plain(b'[[4,3,"a","a:1",["http://a","master",null,"v",1.5]]]'))
+    assert isinstance(alive, Alive)
+    assert alive.meta == NodeMeta("a", "http://a", "master", None, "v", 1.5, 0, True, None)
+    (alive,) = Codec().decode(_plain(b'[[4,3,"b","b:1",["http://b","slave","a","v",0]]]'))
+    assert isinstance(alive, Alive) and alive.meta.active is False
 
 
 def test_unknown_message_types_are_skipped() -> None:

@@ -1,0 +1,386 @@
+"""The leading side of a pair: the backlog, the follower's session, sync confirmations.
+
+While a node leads, its WAL hands every encoded batch to ``Leader.offer`` (the backlog),
+whether a follower is connected or not, so a follower that comes back can resume. One
+follower session at a time: ``serve`` answers its ``hello`` with a resume or a full
+transfer (``protocol``), then a sender streams the backlog from the follower's position
+and a receiver takes its acks. In sync mode ``confirm`` turns a publish's local
+durability future into one that also waits for the follower's ack of the same LSN, or
+fails with ``replication_unavailable`` after ``sync_timeout_ms``: never a silent
+downgrade. A follower too slow for the backlog is cut off (and comes back for a full
+transfer); it never slows the leader down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kapok.config import ReplicationConfig
+from kapok.core.broker import Broker
+from kapok.core.replay import state_records
+from kapok.errors import ReplicationError, ReplicationUnavailableError
+from kapok.replication.backlog import Backlog
+from kapok.replication.link import SyncLink
+from kapok.replication.protocol import (
+    SNAPSHOT,
+    encode_records,
+    get_int,
+    get_str,
+    history_from_json,
+    shared_end,
+)
+from kapok.replication.state import PairState
+from kapok.storage.records import encode_batch
+
+if TYPE_CHECKING:
+    from kapok.storage.wal import WriteAheadLog
+
+__all__ = ["Leader", "Pair"]
+
+log = logging.getLogger("kapok.replication")
+
+HELLO_TIMEOUT_S = 10.0
+TRANSFER_BATCH = 5000  # records per snapshot frame; the event loop runs between frames
+
+
+class Pair(Protocol):
+    """What the leader needs from the node it runs in (``kapok.replication.node``)."""
+
+    name: str
+    state: PairState
+
+    @property
+    def http_url(self) -> str: ...
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def wal(self) -> WriteAheadLog: ...
+
+    def now(self) -> float: ...
+
+    def record_partner(self, name: str, url: str) -> None: ...
+
+    def newer_partner(self, epoch: int, url: str) -> None: ...
+
+
+class _Session:
+    def __init__(self, link: SyncLink, name: str, url: str, configured_role: str, position: int) -> None:
+        self.link = link
+        self.name = name
+        self.url = url
+        self.configured_role = configured_role
+        self.position = position  # the next LSN to send
+        self.acked = -1  # the follower's durable end, once it says (a resume knows it already)
+        self.promoted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+
+class Leader:
+    def __init__(self, cfg: ReplicationConfig, pair: Pair, *, heartbeat_s: float) -> None:
+        self.cfg = cfg
+        self.pair = pair
+        self.heartbeat_s = heartbeat_s
+        self.backlog = Backlog(cfg.backlog_bytes, pair.wal.next_lsn)
+        self.session: _Session | None = None
+        self.full_transfers = 0
+        self.resumes = 0
+        self.sync_timeouts = 0
+        # No follower yet: a paired sync master refuses writes until its slave (re)connects,
+        # rather than accept what it could not confirm.
+        self.link_lost_at = -math.inf
+        self._wake = asyncio.Event()
+        self._waiters: deque[tuple[int, asyncio.Future[None], float]] = deque()
+        self._expiry: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------ the log
+
+    def offer(self, first_lsn: int, count: int, payload: bytes) -> None:
+        """A batch the WAL just encoded (``kapok.storage.wal.ReplicaSink``)."""
+        self.backlog.offer(first_lsn, count, payload, self.pair.now())
+        self._wake.set()
+
+    @property
+    def link_up(self) -> bool:
+        return self.session is not None and not self.session.link.closed
+
+    def silent_s(self) -> float:
+        """Seconds since the follower was last heard (since the link was lost, when it is)."""
+        if self.session is None:
+            return time.monotonic() - self.link_lost_at
+        return time.monotonic() - self.session.link.last_heard
+
+    def lag(self) -> tuple[int, int, float] | None:
+        """The follower's lag: records, bytes, seconds (None without a follower)."""
+        session = self.session
+        if session is None:
+            return None
+        end, acked = self.pair.wal.next_lsn, max(session.acked, 0)
+        logged = self.backlog.logged_at(acked)
+        seconds = max(self.pair.now() - logged, 0.0) if logged is not None else 0.0
+        return end - acked, self.backlog.bytes_after(acked), round(seconds, 3)
+
+    def caught_up(self) -> bool:
+        return self.session is not None and self.session.acked == self.pair.wal.next_lsn
+
+    # ------------------------------------------------------------ sync mode
+
+    def check_writable(self) -> None:
+        """Sync mode: refuse a publish up front while the paired slave has been gone too long."""
+        gone = not self.link_up and self.silent_s() * 1000 >= self.cfg.sync_timeout_ms
+        if self.cfg.mode == "sync" and self.pair.state.paired and gone:
+            raise ReplicationUnavailableError(
+                f"sync replication: the paired slave {self.pair.state.partner} is not connected"
+            )
+
+    def confirm(self, local: asyncio.Future[None] | None) -> asyncio.Future[None] | None:
+        """What a publish's confirmation waits for: ``local`` and, in sync mode with a
+        pairing, the follower's durable ack of everything logged so far."""
+        if self.cfg.mode != "sync" or not self.pair.state.paired:
+            return local
+        end = self.pair.wal.next_lsn
+        if self.session is not None and self.session.acked >= end:
+            return local
+        loop = asyncio.get_running_loop()
+        remote: asyncio.Future[None] = loop.create_future()
+        self._waiters.append((end, remote, loop.time() + self.cfg.sync_timeout_ms / 1000))
+        if self._expiry is None:
+            self._arm_expiry()
+        return remote if local is None else _both(local, remote)
+
+    def _acked(self, lsn: int) -> None:
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= lsn:
+            _, future, _ = waiters.popleft()
+            if not future.done():
+                future.set_result(None)
+
+    def _arm_expiry(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._expiry = None
+        if self._waiters:
+            self._expiry = loop.call_at(self._waiters[0][2], self._expire)
+
+    def _expire(self) -> None:
+        now = asyncio.get_running_loop().time()
+        waiters = self._waiters
+        while waiters and waiters[0][2] <= now:
+            _, future, _ = waiters.popleft()
+            if not future.done():
+                self.sync_timeouts += 1
+                future.set_exception(
+                    ReplicationUnavailableError(
+                        f"sync replication: the slave did not confirm within {self.cfg.sync_timeout_ms} ms"
+                    )
+                )
+                future.exception()  # retrieved here: the producer is told through its reply
+        self._arm_expiry()
+
+    def fail_waiters(self, exc: Exception) -> None:
+        while self._waiters:
+            _, future, _ = self._waiters.popleft()
+            if not future.done():
+                future.set_exception(exc)
+                future.exception()
+
+    # ------------------------------------------------------------ the follower's session
+
+    async def serve(self, link: SyncLink) -> None:
+        """Run one follower's session until the link ends (the ``/sync/v1`` handler)."""
+        hello = await link.receive_control("hello", HELLO_TIMEOUT_S)
+        name, url = get_str(hello, "node"), get_str(hello, "http_url")
+        epoch, end = get_int(hello, "epoch"), get_int(hello, "lsn")
+        history = history_from_json(hello.get("history"))
+        state = self.pair.state
+        if state.partner not in (None, name):
+            await self._refuse(
+                link, "paired", f"{self.pair.name} is paired with {state.partner}; unpair it first"
+            )
+            return
+        if epoch > state.epoch:  # the other node led later than we did: we are the stale one
+            await self._refuse(
+                link, "newer_epoch", f"epoch {epoch} is newer than {self.pair.name}'s {state.epoch}"
+            )
+            self.pair.newer_partner(epoch, url)
+            return
+        if self.session is not None:  # the same follower reconnected: the old link is dead
+            await self.session.link.close("replaced by a new connection")
+        if state.partner is None:
+            self.pair.record_partner(name, url)
+        await self.pair.wal.flush()  # every record logged so far is in the backlog now
+        leader_end = self.pair.wal.next_lsn
+        shared = shared_end(history, end, self.pair.state.history, leader_end)
+        start_fields: dict[str, Any] = {
+            "leader": self.pair.name,
+            "http_url": self.pair.http_url,
+            "epoch": self.pair.state.epoch,
+            "history": [list(h) for h in self.pair.state.history],
+        }
+        if shared == end and self.backlog.holds(end):
+            self.resumes += 1
+            log.info("slave %s resumes from LSN %d (%d records behind)", name, end, leader_end - end)
+            await link.send_control("start", mode="resume", lsn=end, **start_fields)
+            position = end
+        else:
+            self.full_transfers += 1
+            position = await self._full_transfer(link, name, end, shared, start_fields)
+        session = self.session = _Session(link, name, url, get_str(hello, "role", "slave"), position)
+        if position == end:
+            session.acked = end
+        try:
+            await _first_done(self._send(session), self._receive(session))
+        finally:
+            if self.session is session:
+                self.session = None
+                self.link_lost_at = time.monotonic()
+            log.warning("the sync link to %s is down", name)
+
+    async def _refuse(self, link: SyncLink, why: str, reason: str) -> None:
+        log.warning("sync link refused: %s", reason)
+        with contextlib.suppress(ConnectionError):
+            await link.send_control("refused", why=why, reason=reason)
+        await link.close(reason)
+
+    async def _full_transfer(
+        self, link: SyncLink, name: str, end: int, shared: int, start_fields: dict[str, Any]
+    ) -> int:
+        """Stream the state (a fuzzy snapshot: the log from ``lsn`` on makes it exact)."""
+        lsn = self.pair.wal.cut()  # the next batch starts at lsn: a boundary the backlog will hold
+        why = "its log diverged" if shared < end else "its position is not in the backlog"
+        log.info(
+            "slave %s gets a full transfer at LSN %d (%s: it is at %d, shared %d)",
+            name,
+            lsn,
+            why,
+            end,
+            shared,
+        )
+        await link.send_control("start", mode="full", lsn=lsn, shared=shared, **start_fields)
+        pending = []
+        for record in state_records(self.pair.broker, self.pair.now()):
+            pending.append(record)
+            if len(pending) >= TRANSFER_BATCH:
+                await link.send_binary(SNAPSHOT + encode_batch(pending))
+                pending.clear()
+        if pending:
+            await link.send_binary(SNAPSHOT + encode_batch(pending))
+        await link.send_control("snapshot_end", lsn=lsn)
+        return lsn
+
+    async def _send(self, session: _Session) -> None:
+        link = session.link
+        last_ping = 0.0
+        while not link.closed:
+            self._wake.clear()
+            try:
+                batches = self.backlog.since(session.position)
+            except KeyError:
+                await self._refuse(
+                    link, "behind", "the slave fell out of the backlog; it needs a full transfer"
+                )
+                return
+            for batch in batches:
+                await link.send_binary(encode_records(batch.first_lsn, batch.count, batch.payload))
+                session.position = batch.end
+            now = time.monotonic()
+            if now - last_ping >= self.heartbeat_s:
+                last_ping = now
+                await link.send_control(
+                    "ping", epoch=self.pair.state.epoch, lsn=self.pair.wal.next_lsn, lag=self.lag()
+                )
+            if not batches:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.heartbeat_s)
+
+    async def _receive(self, session: _Session) -> None:
+        link = session.link
+        while True:
+            frame = await link.receive()
+            if frame is None:
+                return
+            if isinstance(frame, bytes):
+                raise ReplicationError("a slave sent a binary frame")
+            op = frame["op"]
+            if op == "ack":
+                session.acked = max(session.acked, get_int(frame, "lsn"))
+                self._acked(session.acked)
+            elif op == "ping":
+                epoch = get_int(frame, "epoch")
+                if epoch > self.pair.state.epoch:
+                    self.pair.newer_partner(epoch, session.url)
+                    return
+            elif op == "promoted":
+                if not session.promoted.done():
+                    session.promoted.set_result(get_int(frame, "epoch"))
+            else:
+                raise ReplicationError(f"a slave sent {op!r}")
+
+    # ------------------------------------------------------------ hand-over
+
+    async def hand_over(self, timeout_s: float) -> int | None:
+        """Give the role to the connected follower: everything logged goes to it, then it is
+        told to take over at the next epoch. Returns that epoch once the follower confirms,
+        None when it did not (the caller stays the leader)."""
+        session = self.session
+        if session is None:
+            return None
+        await self.pair.wal.flush()
+        end = self.pair.wal.next_lsn
+        epoch = self.pair.state.epoch + 1
+        log.info("handing over to %s at LSN %d, epoch %d", session.name, end, epoch)
+        try:
+            await session.link.send_control("handover", lsn=end, epoch=epoch)
+            confirmed = await asyncio.wait_for(asyncio.shield(session.promoted), timeout_s)
+        except (TimeoutError, ConnectionError):
+            return None
+        return confirmed if confirmed == epoch else None
+
+    async def aclose(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        self.fail_waiters(ReplicationUnavailableError("this node is no longer the master"))
+        if self.session is not None:
+            await self.session.link.close("the master is stopping")
+
+
+def _both(a: asyncio.Future[None], b: asyncio.Future[None]) -> asyncio.Future[None]:
+    """A future done when both are, failed as soon as either fails."""
+    out: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def done(_: asyncio.Future[None]) -> None:
+        if out.done():
+            return
+        for f in (a, b):
+            if f.done() and f.cancelled():
+                out.set_exception(ReplicationUnavailableError("the confirmation was cancelled"))
+                return
+            if f.done() and (exc := f.exception()) is not None:
+                out.set_exception(exc)
+                return
+        if a.done() and b.done():
+            out.set_result(None)
+
+    a.add_done_callback(done)
+    b.add_done_callback(done)
+    return out
+
+
+async def _first_done(*coroutines: Any) -> None:
+    """Run the coroutines until the first ends; cancel the rest; re-raise its error."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()

@@ -1,0 +1,96 @@
+"""One end of the sync WebSocket: JSON control frames as text, records and snapshot
+chunks as binary, and when the other end was last heard from.
+
+Both drivers talk through this class only, which makes it the one place where the fault
+wrapper (``kapok.faulty``) can cut or slow the link in the partition tests.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from aiohttp import WSCloseCode, WSMessage, WSMsgType
+
+from kapok.errors import ReplicationError, SyncRefusedError
+from kapok.replication.protocol import decode_control, encode_control
+
+__all__ = ["Frame", "SyncLink", "refused"]
+
+Frame = dict[str, Any] | bytes  # a control frame, or a binary one
+
+
+class _WebSocket(Protocol):
+    """What aiohttp's server and client WebSockets both offer."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    async def send_str(self, data: str, compress: int | None = None) -> None: ...
+
+    async def send_bytes(self, data: bytes, compress: int | None = None) -> None: ...
+
+    async def receive(self, timeout: float | None = None) -> WSMessage: ...
+
+    async def close(self, *, code: int = WSCloseCode.OK, message: bytes = b"") -> bool: ...
+
+
+class SyncLink:
+    def __init__(self, ws: _WebSocket) -> None:
+        self.ws = ws
+        self.last_heard = time.monotonic()
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    @property
+    def closed(self) -> bool:
+        return self.ws.closed
+
+    async def send_control(self, op: str, **fields: Any) -> None:
+        data = encode_control(op, **fields)
+        self.bytes_out += len(data)
+        await self.ws.send_str(data.decode())
+
+    async def send_binary(self, data: bytes) -> None:
+        self.bytes_out += len(data)
+        await self.ws.send_bytes(data)
+
+    async def receive(self, timeout: float | None = None) -> Frame | None:
+        """The next frame; None once the link is closed. ``TimeoutError`` past ``timeout``;
+        ``ReplicationError`` for a frame that breaks the protocol."""
+        msg = await self.ws.receive(timeout)
+        if msg.type is WSMsgType.TEXT:
+            self._heard(len(msg.data))
+            return decode_control(msg.data)
+        if msg.type is WSMsgType.BINARY:
+            self._heard(len(msg.data))
+            data: bytes = msg.data
+            return data
+        if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
+            return None
+        raise ReplicationError(f"unexpected WebSocket message {msg.type!r}")
+
+    async def receive_control(self, op: str, timeout: float) -> dict[str, Any]:
+        """The next frame, which must be the control frame ``op``."""
+        frame = await self.receive(timeout)
+        if frame is None:
+            raise ConnectionResetError("the sync link closed")
+        if isinstance(frame, bytes) or frame["op"] != op:
+            if isinstance(frame, dict) and frame["op"] == "refused":
+                raise refused(frame)
+            shown = "a binary frame" if isinstance(frame, bytes) else repr(frame["op"])
+            raise ReplicationError(f"expected {op!r}, got {shown}")
+        return frame
+
+    async def close(self, reason: str = "") -> None:
+        if not self.ws.closed:
+            await self.ws.close(code=WSCloseCode.GOING_AWAY, message=reason.encode()[:120])
+
+    def _heard(self, size: int) -> None:
+        self.last_heard = time.monotonic()
+        self.bytes_in += size
+
+
+def refused(frame: dict[str, Any]) -> SyncRefusedError:
+    """The error a ``refused`` frame stands for."""
+    return SyncRefusedError(f"refused: {frame.get('reason')}", str(frame.get("why", "")))

@@ -1,0 +1,264 @@
+"""Master/slave failover on real ``kapok serve`` processes: kill -9, give-back, partitions.
+
+Timings are never asserted (the figures come from ``python -m kapok.replication.trial``);
+every test asserts on messages and on roles. Faults come from ``kapok.faulty``'s fault
+file, which the test rewrites while the nodes run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kapok.launch import cluster_sets, start_node, stop_all, wait_for
+from kapok.replication.trial import failover_trial, start_pair, state_of
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
+
+AUTH = {"Authorization": "Bearer test"}
+TIMEOUT_S = 1.0  # replication.failover_timeout_s of these pairs
+DEADLINE_S = 30.0
+
+
+def _health(url: str) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2.0) as resp:
+            body: dict[str, Any] = json.loads(resp.read())
+            return body
+    except OSError:
+        return {}
+
+
+def _publish(url: str, *datas: str) -> tuple[int, dict[str, Any]]:
+    body = json.dumps({"messages": [{"data": d} for d in datas]}).encode()
+    request = urllib.request.Request(
+        f"{url}/v1/topics/jobs/messages", data=body, headers={**AUTH, "Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10.0) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _pull_all(url: str, group: str = "default") -> list[dict[str, Any]]:
+    """Lease and ack every ready message of ``jobs`` on one node."""
+    out: list[dict[str, Any]] = []
+    for _ in range(100):
+        request = urllib.request.Request(f"{url}/v1/topics/jobs/messages?max=500&group={group}", headers=AUTH)
+        with urllib.request.urlopen(request, timeout=10.0) as resp:
+            batch = json.loads(resp.read())["messages"]
+        if not batch:
+            return out
+        out += batch
+        ack = json.dumps({"group": group, "codes": [m["code"] for m in batch]}).encode()
+        req = urllib.request.Request(
+            f"{url}/v1/topics/jobs/ack", data=ack, headers={**AUTH, "Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=10.0):
+            pass
+    raise AssertionError("more messages than expected")
+
+
+class _Watcher:
+    """Polls every node's /health every 50 ms and remembers any moment with two active."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+        self.both_active: list[float] = []
+        self.polls = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> _Watcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            active = [url for url in self.urls if _health(url).get("active")]
+            self.polls += 1
+            if len(active) > 1:
+                self.both_active.append(time.time())
+
+
+@pytest.fixture
+def fault_files(tmp_path: Path) -> Iterator[dict[str, Path]]:
+    files = {name: tmp_path / f"{name}.faults.json" for name in ("master", "slave")}
+    for path in files.values():
+        path.write_text("{}")
+    yield files
+
+
+def _launcher(path: Path) -> tuple[str, ...]:
+    return ("-m", "kapok.faulty", "--fault-file", str(path), "--")
+
+
+def test_sync_kill_minus_9_loses_no_confirmed_message(tmp_path: Path) -> None:
+    outcome = asyncio.run(failover_trial(tmp_path, mode="sync", failover_timeout_s=TIMEOUT_S, messages=1000))
+    assert outcome.confirmed >= 1000
+    assert outcome.takeover_s is not None
+    assert outcome.lost == 0, outcome
+
+
+def test_async_kill_minus_9_loses_at_most_the_reported_lag(tmp_path: Path) -> None:
+    outcome = asyncio.run(failover_trial(tmp_path, mode="async", failover_timeout_s=TIMEOUT_S, messages=1000))
+    assert outcome.takeover_s is not None and outcome.confirmed >= 1000
+    assert outcome.lost <= (outcome.lag_records_before_kill or 0), outcome
+
+
+def test_give_back_never_shows_two_active_nodes_and_loses_nothing(tmp_path: Path) -> None:
+    master, slave = start_pair(tmp_path, mode="sync", profile="fast", failover_timeout_s=TIMEOUT_S)
+    nodes = [master, slave]
+    try:
+        with _Watcher([master.url, slave.url]) as watcher:
+            assert _publish(master.url, "a1", "a2", "a3")[0] == 200
+            port, gossip = master.url.rsplit(":", 1)[1], master.gossip_addr
+            master.kill()
+            wait_for(lambda: bool(_health(slave.url).get("active")), DEADLINE_S, 0.05)
+            taken = _health(slave.url)
+            assert taken["epoch"] == 2 and taken["role"] == "master"
+            # Acked on the slave while it leads; no write is confirmed without its partner (sync).
+            assert sorted(m["data"] for m in _pull_all(slave.url)) == ["a1", "a2", "a3"]
+            status, body = _publish(slave.url, "b1")
+            assert status == 503 and body["error"] == "replication_unavailable"
+            back = start_node(
+                master.workdir,
+                *cluster_sets("fast", [gossip]),
+                "server.name=master",
+                f"server.port={port}",
+                f"cluster.bind={gossip}",
+                "replication.mode=sync",
+                f"replication.failover_timeout_s={TIMEOUT_S}",
+            )
+            nodes.append(back)
+            # It follows the slave, catches up, and takes its role back at a new epoch.
+            wait_for(lambda: _health(back.url).get("active") is True, DEADLINE_S, 0.05)
+            wait_for(lambda: _health(slave.url).get("role") == "slave", DEADLINE_S, 0.05)
+            assert _health(back.url)["epoch"] == 3 and _health(slave.url)["epoch"] == 3
+            status, body = _publish(back.url, "c1")
+            assert status == 200, body
+            # Nothing acked on the slave comes back from the master; c1 does.
+            assert [m["data"] for m in _pull_all(back.url)] == ["c1"]
+        assert watcher.polls > 50
+        assert not watcher.both_active
+        state = state_of(back)
+        assert state["link_up"] and state["partner"] == "slave"
+    finally:
+        stop_all(nodes)
+
+
+def test_a_cut_link_with_gossip_fine_is_no_takeover(tmp_path: Path, fault_files: dict[str, Path]) -> None:
+    master, slave = start_pair(
+        tmp_path, mode="async", profile="fast", failover_timeout_s=TIMEOUT_S,
+        launchers=(_launcher(fault_files["master"]), ("-m", "kapok")),
+    )  # fmt: skip
+    try:
+        fault_files["master"].write_text('{"block_sync": true}')
+        cut_at = time.monotonic()
+        # Three failover timeouts of silence on the link, while gossip sees the master alive.
+        while time.monotonic() - cut_at < 3 * TIMEOUT_S:
+            assert _health(slave.url).get("active") is False
+            time.sleep(0.05)
+        assert _health(slave.url)["epoch"] == 1 and _health(master.url)["active"] is True
+        fault_files["master"].write_text("{}")
+        assert _publish(master.url, "after")[0] == 200
+        wait_for(lambda: state_of(master).get("lag", {}) == {"records": 0, "bytes": 0, "seconds": 0.0},
+                 DEADLINE_S, 0.05)  # fmt: skip
+    finally:
+        stop_all([master, slave])
+
+
+def test_an_isolated_master_is_fenced_the_slave_takes_over_and_the_heal_loses_nothing(
+    tmp_path: Path, fault_files: dict[str, Path]
+) -> None:
+    witness = start_node(tmp_path / "witness", *cluster_sets("fast"), "server.name=witness")
+    nodes = [witness]
+    try:
+        master, slave = start_pair(
+            tmp_path, mode="sync", profile="fast", failover_timeout_s=TIMEOUT_S,
+            seeds=(witness.gossip_addr,), launchers=(_launcher(fault_files["master"]), ("-m", "kapok")),
+        )  # fmt: skip
+        nodes += [master, slave]
+        status, body = _publish(master.url, "before1", "before2")
+        assert status == 200
+        confirmed = set(body["codes"])
+        fault_files["master"].write_text('{"isolate": true}')
+        wait_for(lambda: bool(_health(slave.url).get("active")), DEADLINE_S, 0.05)
+        assert _health(slave.url)["epoch"] == 2
+        wait_for(lambda: _publish(master.url, "isolated")[1].get("error") == "fenced", DEADLINE_S, 0.1)
+        status, body = _publish(slave.url, "during")
+        assert status == 503 and body["error"] == "replication_unavailable"  # its partner is unreachable
+        fault_files["master"].write_text("{}")
+        # Healed: the old master steps down, catches up, and (give_back) leads again at epoch 3.
+        wait_for(lambda: _health(master.url).get("epoch") == 3 and _health(master.url).get("active"),
+                 DEADLINE_S, 0.1)  # fmt: skip
+        wait_for(lambda: _health(slave.url).get("role") == "slave", DEADLINE_S, 0.05)
+        received = {m["code"] for m in _pull_all(master.url)}
+        assert confirmed <= received
+    finally:
+        stop_all(nodes)
+
+
+@pytest.mark.parametrize(
+    ("backlog_bytes", "path"), [(64 * 1024 * 1024, "resumes"), (65536, "full_transfers")]
+)
+def test_a_slow_slave_never_slows_an_async_master_and_catches_up(
+    tmp_path: Path, fault_files: dict[str, Path], backlog_bytes: int, path: str
+) -> None:
+    sets = ("replication.mode=async", f"replication.failover_timeout_s={TIMEOUT_S}",
+            f"replication.backlog_bytes={backlog_bytes}")  # fmt: skip
+    master, slave = start_pair(
+        tmp_path, mode="async", profile="fast", failover_timeout_s=TIMEOUT_S, sets=sets[2:],
+        launchers=(("-m", "kapok"), _launcher(fault_files["slave"])),
+    )  # fmt: skip
+    nodes = [master, slave]
+    try:
+        fault_files["slave"].write_text('{"sync_delay_ms": 200}')
+        wait_for(lambda: _metric(slave.url, "kapok_replication_epoch") == 1, DEADLINE_S, 0.1)
+        payload = "x" * 1000
+        codes: list[str] = []
+        for _ in range(30):  # 30 batches of 50 KB, each confirmed by the master alone
+            status, body = _publish(master.url, *[payload] * 50)
+            assert status == 200
+            codes += body["codes"]
+        state = state_of(master)
+        assert state["backlog_bytes"] <= backlog_bytes + 50 * len(payload) + 4096
+        behind = state["lag"]["records"] if state["lag"] else None
+        assert behind is None or behind > 0  # behind, or cut off for being too slow
+        before = _metric(master.url, f"kapok_replication_{path}_total")
+        # Stopped while behind, back without the delay: it resumes, or gets a full transfer.
+        port = slave.url.rsplit(":", 1)[1]
+        slave.stop()
+        back = start_node(
+            slave.workdir, *cluster_sets("fast", [master.gossip_addr]), "server.name=slave",
+            f"server.port={port}", "replication.role=slave", f"replication.master={master.url}", *sets,
+        )  # fmt: skip
+        nodes.append(back)
+        wait_for(lambda: _metric(master.url, f"kapok_replication_{path}_total") > before, DEADLINE_S, 0.1)
+        wait_for(lambda: (state_of(master).get("lag") or {}).get("records") == 0, DEADLINE_S, 0.1)
+        assert _metric(back.url, "kapok_messages_stored") >= len(codes)
+    finally:
+        stop_all(nodes)
+
+
+def _metric(url: str, name: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=5.0) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return 0.0
+

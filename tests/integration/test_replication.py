@@ -1,0 +1,192 @@
+"""Master and slave over a real ``/sync/v1`` WebSocket, both nodes in the test's event loop.
+
+Killing processes is the e2e layer's job (tests/e2e/test_failover.py); here the link
+itself is exercised: pairing, the full transfer and the resume, the mirror, sync
+confirmations and their time-out, refusals of a passive slave, the key check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from kapok.config import load_config
+from kapok.replication.protocol import Role
+from kapok.testing import eventually
+from kapok.testing.inprocess import RunningApp, run_app
+
+SECRET = "test"
+AUTH = {"Authorization": f"Bearer {SECRET}"}
+T = 10.0
+
+pytestmark = pytest.mark.timeout(60)
+
+Start = Callable[..., Awaitable[RunningApp]]
+
+
+@pytest.fixture
+async def start(tmp_path: Path) -> AsyncIterator[Start]:
+    running: list[RunningApp] = []
+
+    async def start_node(name: str, *sets: str) -> RunningApp:
+        config = load_config(
+            None,
+            overrides=[f"server.name={name}", f"storage.dir={tmp_path / name}", "storage.fsync=never", *sets],
+            env={},
+        )
+        node = await run_app(config)
+        running.append(node)
+        return node
+
+    yield start_node
+    for node in reversed(running):
+        await node.stop()
+
+
+async def pair(start: Start, *sets: str) -> tuple[RunningApp, RunningApp]:
+    master = await start("m", *sets)
+    slave = await start("s", "replication.role=slave", f"replication.master={master.url}", *sets)
+    await eventually(
+        lambda: master.replication.leader is not None and master.replication.leader.link_up,
+        timeout_s=T,
+        what="the slave's link",
+    )
+    return master, slave
+
+
+async def publish(session: aiohttp.ClientSession, node: RunningApp, *datas: str, expect: int = 200) -> Any:
+    body = {"messages": [{"data": d} for d in datas]}
+    async with session.post(f"{node.url}/v1/topics/jobs/messages", json=body, headers=AUTH) as resp:
+        assert resp.status == expect, await resp.text()
+        return await resp.json()
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+async def test_a_slave_mirrors_every_message_and_refuses_clients(
+    start: Start, session: aiohttp.ClientSession
+) -> None:
+    master, slave = await pair(start)
+    assert master.replication.state.partner == "s" and slave.replication.state.partner == "m"
+    codes = (await publish(session, master, "a", "b", "c"))["codes"]
+    # Sync mode: the confirmation came after the slave's durable ack, so it holds them all.
+    assert all(code in slave.broker.messages for code in codes)
+    assert slave.replication.role is Role.FOLLOWER and not slave.replication.active
+    body = await publish(session, slave, "x", expect=503)
+    assert body["error"] == "not_active" and master.url in body["message"]
+    with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+        async with session.ws_connect(f"{slave.ws_url}/v1/ws", headers=AUTH):
+            pass
+    assert info.value.status == 503
+
+
+async def test_wrong_key_is_refused_before_the_upgrade(start: Start, session: aiohttp.ClientSession) -> None:
+    master = await start("m")
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+            async with session.ws_connect(f"{master.ws_url}/sync/v1", headers=headers):
+                pass
+        assert info.value.status == 401
+    assert master.replication.state.partner is None
+
+
+async def test_sync_confirmation_fails_clearly_without_the_slave(
+    start: Start, session: aiohttp.ClientSession
+) -> None:
+    master, slave = await pair(start, "replication.sync_timeout_ms=300")
+    await publish(session, master, "before")
+    await slave.stop()
+    # Never a silent downgrade: the paired master refuses to confirm alone.
+    body = await publish(session, master, "after", expect=503)
+    assert body["error"] == "replication_unavailable"
+    async with session.ws_connect(f"{master.ws_url}/v1/ws", headers=AUTH) as ws:
+        await ws.send_json({"op": "pub", "id": 7, "msgs": [{"topic": "jobs", "data": "w"}]})
+        frame = await ws.receive_json(timeout=T)
+        assert frame["op"] == "error" and frame["code"] == "replication_unavailable" and frame["id"] == 7
+    async with session.ws_connect(f"{master.ws_url}/Producers/Conn/jobs/p1") as ws:
+        assert await ws.receive_str(timeout=T) == "Please enter the secret key"
+        await ws.send_str(SECRET)
+        assert await ws.receive_str(timeout=T) == "Secret key matching succeeded"
+        await ws.send_str('{"MessageData": "k", "DelayTime": 0}')
+        reply = await ws.receive_json(timeout=T)
+        assert reply["code"] == -1 and "not connected" in reply["msg"]
+    # The operator undoes the pairing on purpose: the master confirms alone again.
+    async with session.post(f"{master.url}/replication/unpair") as resp:
+        assert resp.status == 401
+    async with session.post(f"{master.url}/replication/unpair", headers=AUTH) as resp:
+        assert resp.status == 200 and (await resp.json())["partner"] is None
+    await publish(session, master, "alone")
+
+
+async def test_a_returning_slave_resumes_from_the_backlog(
+    start: Start, session: aiohttp.ClientSession
+) -> None:
+    master, slave = await pair(start, "replication.mode=async")
+    leader = master.replication.leader
+    assert leader is not None and leader.resumes == 1  # an empty slave reads the master's log from 0
+    await publish(session, master, "one")
+    await slave.stop()
+    missed = (await publish(session, master, "two", "three"))["codes"]
+    slave = await start(
+        "s", "replication.role=slave", f"replication.master={master.url}", "replication.mode=async"
+    )
+    await eventually(lambda: leader.link_up and leader.caught_up(), timeout_s=T, what="the slave catching up")
+    assert leader.resumes == 2 and leader.full_transfers == 0
+    assert all(code in slave.broker.messages for code in missed)
+
+
+async def test_a_slave_out_of_the_backlog_gets_a_full_transfer(
+    start: Start, session: aiohttp.ClientSession
+) -> None:
+    sets = ("replication.mode=async", "replication.backlog_bytes=65536")
+    master, slave = await pair(start, *sets)
+    await slave.stop()
+    big = "x" * 2000
+    codes = []
+    for _ in range(10):  # 10 batches of 10 × 2 KB: the backlog keeps about the last 3
+        codes += (await publish(session, master, *[big] * 10))["codes"]
+    slave = await start("s", "replication.role=slave", f"replication.master={master.url}", *sets)
+    leader = master.replication.leader
+    await eventually(lambda: leader.link_up and leader.caught_up(), timeout_s=T, what="the slave catching up")
+    assert leader.full_transfers == 1 and leader.resumes == 1
+    assert all(code in slave.broker.messages for code in codes)
+    assert leader.backlog.bytes <= 65536 + len(big) * 10 + 1000
+
+
+async def test_acks_and_deletes_reach_the_mirror(start: Start, session: aiohttp.ClientSession) -> None:
+    master, slave = await pair(start)
+    codes = (await publish(session, master, "a", "b"))["codes"]
+    async with session.get(f"{master.url}/v1/topics/jobs/messages?max=2", headers=AUTH) as resp:
+        assert [m["code"] for m in (await resp.json())["messages"]] == codes
+    async with session.post(
+        f"{master.url}/v1/topics/jobs/ack", json={"codes": [codes[0]]}, headers=AUTH
+    ) as resp:
+        assert resp.status == 200
+    async with session.delete(f"{master.url}/v1/messages/{codes[1]}", headers=AUTH) as resp:
+        assert resp.status == 200
+
+    def mirrored() -> bool:
+        first = slave.broker.messages.get(codes[0])
+        return first is not None and not first.live and codes[1] not in slave.broker.messages
+
+    await eventually(mirrored, timeout_s=T, what="the ack and the delete on the slave")
+
+
+async def test_a_paired_master_refuses_another_slave(start: Start) -> None:
+    master, _ = await pair(start)
+    other = await start("t", "replication.role=slave", f"replication.master={master.url}")
+    await eventually(
+        lambda: other.replication.follower is not None and other.replication.follower.refusals > 0,
+        timeout_s=T,
+        what="the second slave's refusal",
+    )
+    assert master.replication.state.partner == "s"
+    assert other.replication.state.partner is None
