@@ -4,5 +4,6 @@ Real ``kapok serve`` processes are started by ``kapok.launch``, which shipped to
 """
 
 from kapok.testing.clock import ManualClock
+from kapok.testing.poll import eventually
 
-__all__ = ["ManualClock"]
+__all__ = ["ManualClock", "eventually"]
