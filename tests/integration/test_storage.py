@@ -37,6 +37,7 @@ import pytest
 from aiohttp import WSMsgType, web
 from aiohttp.test_utils import TestServer
 
+from kapok.clock import Clock
 from kapok.config import load_config
 from kapok.core.broker import Broker, Draft
 from kapok.core.changes import GroupCreated
@@ -48,7 +49,7 @@ from kapok.storage.disk import DiskStore
 from kapok.storage.records import decode_frames, encode, encode_end
 from kapok.storage.snapshot import list_snapshots
 from kapok.storage.wal import WriteAheadLog, list_segments
-from kapok.testing import eventually
+from kapok.testing import ManualClock, eventually
 from kapok.testing.inprocess import InProcessNode
 
 SECRET = "test"
@@ -87,12 +88,14 @@ def no_fsync(fd: int) -> None:
 
 @pytest.fixture
 async def start_node(aiohttp_server: Callable[..., Awaitable[TestServer]]) -> StartNode:
-    async def start(data_dir: Path, *sets: str, fsync: Callable[[int], None] = no_fsync) -> Node:
+    async def start(
+        data_dir: Path, *sets: str, fsync: Callable[[int], None] = no_fsync, clock: Clock | None = None
+    ) -> Node:
         config = load_config(
             None, overrides=[f"storage.dir={data_dir}", "storage.archive=false", *sets], env={}
         )
         store = DiskStore(config.storage, fsync=fsync)
-        app = make_app(config, store=store)
+        app = make_app(config, store=store, clock=clock)
         server = await aiohttp_server(app, host="127.0.0.1", port=0)
         return Node(server, app, store, data_dir)
 
@@ -542,7 +545,8 @@ async def test_clean_restart_keeps_every_state(
     start_node: StartNode, session: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
     data = tmp_path / "d"
-    a = await start_node(data, fsync=os.fsync)
+    clock = ManualClock()  # both lives of the node run on it
+    a = await start_node(data, fsync=os.fsync, clock=clock)
     ws = await v1(session, a)
     codes_before: list[str] = []
 
@@ -586,9 +590,9 @@ async def test_clean_restart_keeps_every_state(
     await a.stop()
     assert list_snapshots(data / "snapshots"), "a clean shutdown writes a final snapshot"
 
-    b = await start_node(data, fsync=os.fsync)
+    b = await start_node(data, fsync=os.fsync, clock=clock)
     ws = await v1(session, b)
-    s_later = await ws.sub("later")  # first, so "not before its time" is watched the longest
+    s_later = await ws.sub("later")  # first: nothing below may release it before its time
     # consumed stays consumed
     assert all(b.broker.messages[c].entries["default"].status.value == "consumed" for c in done)
     s_done = await ws.sub("done")
@@ -619,8 +623,10 @@ async def test_clean_restart_keeps_every_state(
     (new,) = await ws.pub("fresh", "n")
     assert seq_of(new) > max_seq and new not in codes_before
     # the delayed message still waits for its time
-    (m,) = await ws.take(s_later, 1, timeout=deliver_at - time.time() + T)
-    assert time.time() >= deliver_at - 0.01
+    clock.advance(deliver_at - 0.01 - clock.now)
+    await ws.nothing_more(s_later)
+    clock.advance(0.02)
+    (m,) = await ws.take(s_later, 1)
     assert m["code"] == later and m["attempts"] == 1
     await ws.ws.close()
 
