@@ -451,14 +451,17 @@ async def test_consumer_listed_in_get_clients(
 
 
 async def test_messages_published_before_consumer_are_delivered(
-    node: Any, session: aiohttp.ClientSession
+    make_node: Any, session: aiohttp.ClientSession, clock: ManualClock
 ) -> None:
-    """KapokMQ bug 14: messages with no online consumer waited for the 300 s retry timer."""
+    """KapokMQ bug 14: messages with no online consumer waited for the 300 s retry timer.
+
+    The node's clock never moves here: the delivery owes nothing to a timer."""
+    node = await make_node(clock=clock)
     async with producer(session, node, "jobs") as prod:
         for i in range(3):
             await publish(prod, f"early-{i}")
     async with consumer(session, node, "jobs") as cons:
-        got = [await recv_push(cons, timeout=2) for _ in range(3)]
+        got = [await recv_push(cons) for _ in range(3)]
         assert [p["MessageData"] for p in got] == ["early-0", "early-1", "early-2"]
         for p in got:
             await cons.send_str(p["MessageCode"])

@@ -482,7 +482,7 @@ async def test_interval_acks_never_wait_for_a_slow_fsync(
         await ws.pub("t", "one")  # written; the timer's fsync of it now hangs
         await eventually(lambda: gate.waiting == 1, what="the interval fsync")
         rid = await ws.send("pub", topic="t", msgs=[{"data": "two"}])
-        reply = await ws.poll(rid, 1.0)
+        reply = await ws.poll(rid, T)  # at once; T only bounds a failure
     finally:
         gate.release()
     await ws.ws.close()
@@ -529,7 +529,7 @@ async def test_never_acks_do_not_wait_for_fsync_at_segment_rotation(
     try:
         for i in range(20):  # 20 x 500 bytes: at least two rotations
             rid = await ws.send("pub", topic="t", msgs=[{"data": f"{i:04d}" + "x" * 496}])
-            if await ws.poll(rid, 1.0) is None:
+            if await ws.poll(rid, T) is None:
                 break
             acked += 1
     finally:
