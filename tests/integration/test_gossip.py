@@ -114,7 +114,8 @@ async def test_garbage_datagrams_and_streams_are_counted_and_the_node_keeps_work
         lambda: sum(n for k, n in swim.stats.items() if k.startswith("drop_")) >= 4  # 3 datagrams, 1 stream
         and a.stats["stream_errors_in"] >= 2
         and a.stats["streams_too_large"] == 1,
-        what=f"drops and stream errors counted: {swim.stats} {a.stats}", timeout_s=T,
+        timeout_s=T,
+        what=f"drops and stream errors counted: {swim.stats} {a.stats}",
     )
     b = await start(nodes, make_node("b", seeds=(a.addr,)))
     await eventually(lambda: states(a) == {"a": State.ALIVE, "b": State.ALIVE} == states(b), timeout_s=T)
