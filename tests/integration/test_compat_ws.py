@@ -628,9 +628,11 @@ async def test_delayed_message_pushed_after_delay(
 
 
 async def test_negative_delay_time_is_delivered_at_once_and_kept(
-    node: Any, session: aiohttp.ClientSession
+    make_node: Any, session: aiohttp.ClientSession, clock: ManualClock
 ) -> None:
-    """KapokMQ stores a negative DelayTime as given and treats it as "now"."""
+    """KapokMQ stores a negative DelayTime as given and treats it as "now" (the node's clock
+    never moves here: the delivery owes nothing to a timer)."""
+    node = await make_node(clock=clock)
     async with consumer(session, node, "jobs") as cons, producer(session, node, "jobs") as prod:
         await publish(prod, "past", delay=-5)
         push = await recv_push(cons)
