@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestServer
 
+from kapok.clock import Clock
 from kapok.config import Config, load_config
 from kapok.server.app import make_app
+from kapok.testing import ManualClock
 from kapok.testing.inprocess import InProcessNode
 
 SECRET = "test"
@@ -28,13 +30,17 @@ def make_config(*sets: str) -> Config:
 
 @pytest.fixture
 async def make_node(aiohttp_server: Callable[..., Awaitable[TestServer]], tmp_path: Path) -> NodeFactory:
-    """Start nodes; each keeps its data in its own folder under the test's tmp_path."""
+    """Start nodes; each keeps its data in its own folder under the test's tmp_path.
+
+    ``clock=`` gives a node the clock its broker rules run on (ack deadlines, leases,
+    delays, long-poll time-outs): a ``ManualClock`` lets a test move time itself.
+    """
     count = 0
 
-    async def factory(*sets: str) -> Node:
+    async def factory(*sets: str, clock: Clock | None = None) -> Node:
         nonlocal count
         count += 1
-        app = make_app(make_config(f"storage.dir={tmp_path / f'node{count}'}", *sets))
+        app = make_app(make_config(f"storage.dir={tmp_path / f'node{count}'}", *sets), clock=clock)
         server = await aiohttp_server(app, host="127.0.0.1", port=0)
         return Node(server, app)
 
@@ -44,6 +50,12 @@ async def make_node(aiohttp_server: Callable[..., Awaitable[TestServer]], tmp_pa
 @pytest.fixture
 async def node(make_node: NodeFactory) -> Node:
     return await make_node()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """A clock that moves only when the test advances it; pass it to ``make_node(clock=...)``."""
+    return ManualClock()
 
 
 @pytest.fixture

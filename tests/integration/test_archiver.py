@@ -10,11 +10,9 @@ anywhere.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,6 +27,7 @@ from kapok.storage.archive import list_archive_files, read_archive_file
 from kapok.storage.archiver import ArchiveSettings, complete_frames, run
 from kapok.storage.disk import DiskStore
 from kapok.storage.records import encode_batch
+from kapok.testing import eventually
 
 T = 10.0  # upper bound of every wait
 
@@ -43,14 +42,6 @@ class _Sink:
 
     def push(self, consumer: Consumer, entries: list[Entry]) -> None:
         self.entries.extend(entries)
-
-
-async def _until(condition: Callable[[], bool], what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + T
-    while not condition():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 async def _service(tmp_path: Path) -> BrokerService:
@@ -72,12 +63,16 @@ async def test_every_lifecycle_event_reaches_the_archive(tmp_path: Path) -> None
     sink = _Sink()
     consumer = service.subscribe(sink, "t", name="c")
     codes = await _publish(service, 50, "m")
-    await _until(lambda: len(sink.entries) == 50, "50 deliveries")
+    await eventually(lambda: len(sink.entries) == 50, timeout_s=T, what="50 deliveries")
     store = service.store
     assert isinstance(store, DiskStore) and store.archive is not None and store.archive.pid is not None
     child, ours = store.archive.pid, os.getpriority(os.PRIO_PROCESS, 0)
     expected = min(ours + archiver_module.NICE, 19)  # the node comes first on a busy machine
-    await _until(lambda: os.getpriority(os.PRIO_PROCESS, child) == expected, "the archiver's lower priority")
+    await eventually(
+        lambda: os.getpriority(os.PRIO_PROCESS, child) == expected,
+        timeout_s=T,
+        what="the archiver's lower priority",
+    )
     service.ack(consumer.id, [e.code for e in sink.entries])
     await service.aclose()  # ends the pipe; the child writes everything out before it exits
 
@@ -100,14 +95,14 @@ async def test_a_killed_archiver_is_restarted_and_the_gap_is_counted(
     feed = store.archive
     try:
         await _publish(service, 5, "before")
-        await _until(lambda: feed.bytes_fed > 0, "the first frames fed")
+        await eventually(lambda: feed.bytes_fed > 0, timeout_s=T, what="the first frames fed")
         pid = feed.pid
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
-        await _until(lambda: not feed.alive, "the archiver to be gone")
+        await eventually(lambda: not feed.alive, timeout_s=T, what="the archiver to be gone")
 
         lost = await _publish(service, 5, "gap")  # the broker takes these as if nothing happened
-        await _until(lambda: feed.frames_lost > 0 and feed.restarts == 1, "a restart")
+        await eventually(lambda: feed.frames_lost > 0 and feed.restarts == 1, timeout_s=T, what="a restart")
         assert feed.pid != pid
         after = await _publish(service, 5, "after")
     finally:

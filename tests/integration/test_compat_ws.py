@@ -4,21 +4,28 @@ Covers the in-band handshake (exact strings, limits, timeout), the producer
 route (raw ``ok``, Go-style case-insensitive keys, pipelining) and the consumer
 route (PascalCase pushes, raw-code acks, p2p and pub/sub, redelivery, delays),
 including the KapokMQ bugs Kapok fixes (reference §10 items 14, 15, 16).
+
+Ack deadlines and delays are driven by a ``ManualClock``. That nothing (more) was
+sent is proven by a marker, never by waiting: a socket's frames leave in the order
+they were queued, so the marker's answer being the next frame shows nothing came
+before it.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import WSMsgType
+
+from kapok.testing import ManualClock, eventually
 
 SECRET = "test"
 ASK_KEY = "Please enter the secret key"
@@ -50,13 +57,6 @@ async def recv_push(ws: aiohttp.ClientWebSocketResponse, timeout: float = T) -> 
     push = json.loads(await recv_text(ws, timeout))
     assert isinstance(push, dict)
     return push
-
-
-async def expect_silence(ws: aiohttp.ClientWebSocketResponse, seconds: float) -> None:
-    """Nothing at all arrives on ``ws`` for ``seconds``."""
-    with pytest.raises(asyncio.TimeoutError):
-        msg = await ws.receive(timeout=seconds)
-        pytest.fail(f"unexpected frame {msg.type!r} {msg.data!r}")
 
 
 async def expect_closed(ws: aiohttp.ClientWebSocketResponse, code: int, timeout: float = T) -> None:
@@ -94,6 +94,36 @@ async def publish(ws: aiohttp.ClientWebSocketResponse, data: str, delay: int = 0
     assert await recv_text(ws) == "ok"
 
 
+async def no_more_replies(ws: aiohttp.ClientWebSocketResponse) -> None:
+    """The producer socket ``ws`` has no reply left to send: the answer to a marker (a
+    binary frame, whose answer no other frame gets) is the next frame."""
+    await ws.send_bytes(b"marker")
+    reply = json.loads(await recv_text(ws))
+    assert reply["code"] == -1 and "must be text" in reply["msg"], f"unexpected frame: {reply}"
+
+
+async def nothing_more_pushed(
+    session: aiohttp.ClientSession, node: Any, topic: str, *consumers: aiohttp.ClientWebSocketResponse
+) -> None:
+    """Nothing was sent to ``consumers`` since their last frame read (no push, no answer to
+    an ack): a marker published to ``topic`` now is the next frame each of them gets.
+
+    Each must be able to take it: a pub/sub subscriber, or the only consumer of a p2p topic.
+    """
+    async with producer(session, node, topic, "marker") as prod:
+        await publish(prod, "marker")
+    for ws in consumers:
+        push = await recv_push(ws)
+        assert push["MessageData"] == "marker", f"unexpected frame before the marker: {push}"
+        await ws.send_str(push["MessageCode"])
+
+
+def held(node: Any, consumer_id: str) -> int:
+    """How many messages the consumer named ``consumer_id`` holds unacked (broker state)."""
+    (consumer,) = [c for c in node.broker.consumers.values() if c.name == consumer_id]
+    return len(consumer.held)
+
+
 async def console(session: aiohttp.ClientSession, node: Any, path: str, **form: str) -> Any:
     async with session.post(f"{node.url}/Console/{path}", data=form, headers={"secretKey": SECRET}) as resp:
         assert resp.status == 200
@@ -116,14 +146,6 @@ async def count(session: aiohttp.ClientSession, node: Any) -> dict[str, int]:
     body = await console(session, node, "CountMessage")
     assert body["code"] == 0
     return dict(body["data"])
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = T, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout}s: {what}")
-        await asyncio.sleep(0.02)
 
 
 async def metric(session: aiohttp.ClientSession, node: Any, name: str) -> float:
@@ -306,7 +328,7 @@ async def test_producer_pipelined_frames_one_reply_each_in_order(
         for frame in frames:
             await ws.send_str(frame)
         replies = [await recv_text(ws) for _ in frames]
-        await expect_silence(ws, 0.2)
+        await no_more_replies(ws)
     for i, reply in enumerate(replies):
         if i in (10, 20):
             body = json.loads(reply)
@@ -334,7 +356,7 @@ async def test_pipelined_frames_over_a_limit_answered_one_by_one(
         for frame in frames:
             await ws.send_str(frame)
         replies = [await recv_text(ws) for _ in frames]
-        await expect_silence(ws, 0.2)
+        await no_more_replies(ws)
     assert replies[:5] == ["ok"] * 5
     for reply in replies[5:]:
         body = json.loads(reply)
@@ -381,9 +403,11 @@ async def test_producer_listed_in_get_clients_while_connected(
 # ---------------------------------------------------------------- consumer route
 
 
-async def test_consumer_push_shape_and_ack(node: Any, session: aiohttp.ClientSession) -> None:
+async def test_consumer_push_shape_and_ack(
+    make_node: Any, session: aiohttp.ClientSession, clock: ManualClock
+) -> None:
+    node = await make_node(clock=clock)
     async with consumer(session, node, "jobs") as cons, producer(session, node, "jobs") as prod:
-        before = int(time.time())
         await publish(prod, '{"order": 1}')
         raw = await cons.receive(timeout=T)
         assert raw.type is WSMsgType.TEXT
@@ -392,7 +416,7 @@ async def test_consumer_push_shape_and_ack(node: Any, session: aiohttp.ClientSes
         assert CODE_RE.fullmatch(push["MessageCode"])
         assert push["MessageData"] == '{"order": 1}'
         assert push["Topic"] == "jobs"
-        assert type(push["CreateTime"]) is int and before - 1 <= push["CreateTime"] <= time.time() + 1
+        assert type(push["CreateTime"]) is int and push["CreateTime"] == int(clock.now)
         assert push["ConsumedTime"] == 0 and type(push["ConsumedTime"]) is int
         assert push["DelayTime"] == 0 and type(push["DelayTime"]) is int
         assert push["Status"] == -1
@@ -408,29 +432,36 @@ async def test_consumer_push_shape_and_ack(node: Any, session: aiohttp.ClientSes
         full = await get_message(session, node, code)
         assert full["ConsumedTime"] > 0 and full["ConsumedTime"] >= full["CreateTime"]
         assert await count(session, node) == {"all": 1, "consumed": 1, "delay": 0, "unconsumed": 0}
-        await expect_silence(cons, 0.2)  # no reply to an ack, no redelivery
+        clock.advance(node.service.config.mq.ack_timeout_s + 1)  # past the ack deadline it had
+        await nothing_more_pushed(session, node, "jobs", cons)  # no reply to an ack, no redelivery
 
 
-async def test_consumer_listed_in_get_clients(node: Any, session: aiohttp.ClientSession) -> None:
+async def test_consumer_listed_in_get_clients(
+    make_node: Any, session: aiohttp.ClientSession, clock: ManualClock
+) -> None:
+    node = await make_node(clock=clock)
     async with consumer(session, node, "jobs", "cons-9"):
         await wait_consumers(session, node, 1)
         (row,) = (await console(session, node, "GetClients"))["consumers"]
         assert set(row) == {"ConsumerId", "Topic", "ConsumerIp", "JoinTime"}
         assert row["ConsumerId"] == "cons-9" and row["Topic"] == "jobs"
         assert row["ConsumerIp"] == "127.0.0.1"
-        assert type(row["JoinTime"]) is int and abs(row["JoinTime"] - time.time()) < 5
+        assert type(row["JoinTime"]) is int and row["JoinTime"] == int(clock.now)
     await wait_consumers(session, node, 0)
 
 
 async def test_messages_published_before_consumer_are_delivered(
-    node: Any, session: aiohttp.ClientSession
+    make_node: Any, session: aiohttp.ClientSession, clock: ManualClock
 ) -> None:
-    """KapokMQ bug 14: messages with no online consumer waited for the 300 s retry timer."""
+    """KapokMQ bug 14: messages with no online consumer waited for the 300 s retry timer.
+
+    The node's clock never moves here: the delivery owes nothing to a timer."""
+    node = await make_node(clock=clock)
     async with producer(session, node, "jobs") as prod:
         for i in range(3):
             await publish(prod, f"early-{i}")
     async with consumer(session, node, "jobs") as cons:
-        got = [await recv_push(cons, timeout=2) for _ in range(3)]
+        got = [await recv_push(cons) for _ in range(3)]
         assert [p["MessageData"] for p in got] == ["early-0", "early-1", "early-2"]
         for p in got:
             await cons.send_str(p["MessageCode"])
@@ -442,31 +473,35 @@ async def test_messages_published_before_consumer_are_delivered(
 
 
 async def test_disconnect_redelivers_at_once_to_another_consumer(
-    node: Any, session: aiohttp.ClientSession
+    make_node: Any, session: aiohttp.ClientSession, clock: ManualClock
 ) -> None:
-    """KapokMQ bug 14: unacked messages of a dropped consumer waited for the retry timer."""
+    """KapokMQ bug 14: unacked messages of a dropped consumer waited for the retry timer.
+
+    The node's clock never moves here: the redelivery owes nothing to a timer."""
+    node = await make_node(clock=clock)
     async with producer(session, node, "jobs") as prod, consumer(session, node, "jobs", "a") as first:
         await publish(prod, "one")
         await publish(prod, "two")
-        held = [await recv_push(first) for _ in range(2)]
+        pushed = [await recv_push(first) for _ in range(2)]
         async with consumer(session, node, "jobs", "b") as second:
             await wait_consumers(session, node, 2)
-            await expect_silence(second, 0.1)  # everything is held by the first consumer
+            assert (held(node, "a"), held(node, "b")) == (2, 0)  # everything is held by the first
             await first.close()
-            started = time.monotonic()
-            again = [await recv_push(second, timeout=2) for _ in range(2)]
-            assert time.monotonic() - started < 2
-            assert [p["MessageCode"] for p in again] == [p["MessageCode"] for p in held]
+            again = [await recv_push(second) for _ in range(2)]
+            assert [p["MessageCode"] for p in again] == [p["MessageCode"] for p in pushed]
             assert [p["MessageData"] for p in again] == ["one", "two"]
             assert all(p["Status"] == -1 and p["DelayTime"] == 0 for p in again)
 
 
-async def test_ack_timeout_redelivers(make_node: Any, session: aiohttp.ClientSession) -> None:
-    node = await make_node("mq.ack_timeout_s=0.3")
+async def test_ack_timeout_redelivers(
+    make_node: Any, session: aiohttp.ClientSession, clock: ManualClock
+) -> None:
+    node = await make_node("mq.ack_timeout_s=5", clock=clock)
     async with consumer(session, node, "jobs") as cons, producer(session, node, "jobs") as prod:
         await publish(prod, "slow")
         first = await recv_push(cons)
-        second = await recv_push(cons, timeout=3)  # no ack: it comes back
+        clock.advance(5.1)
+        second = await recv_push(cons)  # no ack: it comes back
         assert second["MessageCode"] == first["MessageCode"]
         assert second["MessageData"] == "slow"
         assert second["DelayTime"] == 0  # KapokMQ bug 16: retries rewrote DelayTime
@@ -478,7 +513,8 @@ async def test_ack_timeout_redelivers(make_node: Any, session: aiohttp.ClientSes
         await eventually(consumed, what="consumed after ack of the redelivery")
         full = await get_message(session, node, first["MessageCode"])
         assert full["DelayTime"] == 0
-        await expect_silence(cons, 0.5)  # acked: no more redeliveries
+        clock.advance(10.1)  # past every deadline it had
+        await nothing_more_pushed(session, node, "jobs", cons)  # acked: no more redeliveries
 
 
 async def test_p2p_each_message_to_exactly_one_consumer(node: Any, session: aiohttp.ClientSession) -> None:
@@ -493,20 +529,24 @@ async def test_p2p_each_message_to_exactly_one_consumer(node: Any, session: aioh
             await publish(prod, f"m{i}")
         seen: dict[str, list[str]] = {"a": [], "b": []}
 
-        async def drain(name: str, ws: aiohttp.ClientWebSocketResponse) -> None:
-            while True:
-                try:
-                    push = await recv_push(ws, timeout=0.5)
-                except TimeoutError:
-                    return
-                seen[name].append(push["MessageData"])
-                await ws.send_str(push["MessageCode"])
+        async def all_pushed() -> bool:
+            for name, ws in (("a", a), ("b", b)):
+                with contextlib.suppress(TimeoutError):
+                    push = await recv_push(ws, timeout=0.01)
+                    seen[name].append(push["MessageData"])
+                    await ws.send_str(push["MessageCode"])
+            return len(seen["a"]) + len(seen["b"]) >= n
 
-        await asyncio.gather(drain("a", a), drain("b", b))
+        await eventually(all_pushed, what=f"all {n} messages pushed")
+
+        async def all_consumed() -> bool:
+            return (await count(session, node))["consumed"] == n
+
+        await eventually(all_consumed, what=f"all {n} acks applied")
+        assert (held(node, "a"), held(node, "b")) == (0, 0)  # nothing else is out
     assert seen["a"] and seen["b"], seen  # both got work
     assert not set(seen["a"]) & set(seen["b"])
     assert sorted(seen["a"] + seen["b"]) == sorted(f"m{i}" for i in range(n))
-    assert (await count(session, node))["consumed"] == n
 
 
 async def test_pubsub_every_consumer_gets_every_message_and_acks_separately(
@@ -535,7 +575,7 @@ async def test_pubsub_every_consumer_gets_every_message_and_acks_separately(
         await eventually(a_acked, what="first subscriber's ack processed")
         full = await get_message(session, node, code)
         assert full["Status"] == -1 and full["ConsumedTime"] == 0
-        await expect_silence(a, 0.1)
+        assert (held(node, "a"), held(node, "b")) == (0, 1)
 
         await b.send_str(code)
 
@@ -544,12 +584,13 @@ async def test_pubsub_every_consumer_gets_every_message_and_acks_separately(
 
         await eventually(consumed, what="consumed once both subscribers acked")
         assert (await get_message(session, node, code))["ConsumedTime"] > 0
+        await nothing_more_pushed(session, node, "news", a, b)  # no answer to either ack
 
 
 async def test_pubsub_unacked_subscriber_still_redelivered(
-    make_node: Any, session: aiohttp.ClientSession
+    make_node: Any, session: aiohttp.ClientSession, clock: ManualClock
 ) -> None:
-    node = await make_node("mq.push_type=2", "mq.ack_timeout_s=0.3")
+    node = await make_node("mq.push_type=2", "mq.ack_timeout_s=5", clock=clock)
     async with (
         consumer(session, node, "news", "a") as a,
         consumer(session, node, "news", "b") as b,
@@ -560,31 +601,38 @@ async def test_pubsub_unacked_subscriber_still_redelivered(
         code = (await recv_push(a))["MessageCode"]
         assert (await recv_push(b))["MessageCode"] == code
         await a.send_str(code)
-        again = await recv_push(b, timeout=3)  # b never acked: b gets it again
+        await eventually(lambda: held(node, "a") == 0, what="a's ack applied")
+        clock.advance(5.1)
+        again = await recv_push(b)  # b never acked: b gets it again
         assert again["MessageCode"] == code
-        await expect_silence(a, 0.5)  # a acked: a does not
         await b.send_str(code)
+        await nothing_more_pushed(session, node, "news", a, b)  # a acked: a does not
 
 
-async def test_delayed_message_pushed_after_delay(node: Any, session: aiohttp.ClientSession) -> None:
+async def test_delayed_message_pushed_after_delay(
+    make_node: Any, session: aiohttp.ClientSession, clock: ManualClock
+) -> None:
+    node = await make_node(clock=clock)
     async with consumer(session, node, "jobs") as cons, producer(session, node, "jobs") as prod:
-        started = time.monotonic()
         await publish(prod, "later", delay=1)
         (row,) = await messages(session, node, "jobs")
         assert row["Status"] == 0 and row["DelayTime"] == 1
         assert (await count(session, node))["delay"] == 1
-        await expect_silence(cons, max(0.9 - (time.monotonic() - started), 0.01))
-        push = await recv_push(cons, timeout=3)
-        assert time.monotonic() - started >= 0.95
+        clock.advance(0.99)
+        await nothing_more_pushed(session, node, "jobs", cons)  # not before its time
+        clock.advance(0.02)
+        push = await recv_push(cons)
         assert push["MessageData"] == "later"
         assert push["DelayTime"] == 1 and push["Status"] == -1
         assert (await get_message(session, node, push["MessageCode"]))["Status"] == -1
 
 
 async def test_negative_delay_time_is_delivered_at_once_and_kept(
-    node: Any, session: aiohttp.ClientSession
+    make_node: Any, session: aiohttp.ClientSession, clock: ManualClock
 ) -> None:
-    """KapokMQ stores a negative DelayTime as given and treats it as "now"."""
+    """KapokMQ stores a negative DelayTime as given and treats it as "now" (the node's clock
+    never moves here: the delivery owes nothing to a timer)."""
+    node = await make_node(clock=clock)
     async with consumer(session, node, "jobs") as cons, producer(session, node, "jobs") as prod:
         await publish(prod, "past", delay=-5)
         push = await recv_push(cons)
@@ -593,15 +641,18 @@ async def test_negative_delay_time_is_delivered_at_once_and_kept(
 
 
 async def test_delayed_message_redelivery_keeps_delay_time(
-    make_node: Any, session: aiohttp.ClientSession
+    make_node: Any, session: aiohttp.ClientSession, clock: ManualClock
 ) -> None:
     """KapokMQ bug 16: a retry set DelayTime to now - CreateTime."""
-    node = await make_node("mq.ack_timeout_s=0.3")
+    node = await make_node("mq.ack_timeout_s=5", clock=clock)
     async with consumer(session, node, "jobs") as cons, producer(session, node, "jobs") as prod:
         await publish(prod, "later", delay=1)
-        first = await recv_push(cons, timeout=3)
-        second = await recv_push(cons, timeout=3)
-        third = await recv_push(cons, timeout=3)
+        clock.advance(1.1)
+        first = await recv_push(cons)
+        clock.advance(5.1)
+        second = await recv_push(cons)
+        clock.advance(5.1)
+        third = await recv_push(cons)
         assert first["MessageCode"] == second["MessageCode"] == third["MessageCode"]
         assert first["DelayTime"] == second["DelayTime"] == third["DelayTime"] == 1
         assert first["CreateTime"] == third["CreateTime"]
@@ -610,7 +661,10 @@ async def test_delayed_message_redelivery_keeps_delay_time(
         assert full["DelayTime"] == 1
 
 
-async def test_deleted_message_is_never_delivered(node: Any, session: aiohttp.ClientSession) -> None:
+async def test_deleted_message_is_never_delivered(
+    make_node: Any, session: aiohttp.ClientSession, clock: ManualClock
+) -> None:
+    node = await make_node(clock=clock)
     async with producer(session, node, "jobs") as prod:
         await publish(prod, "doomed-now")
         await publish(prod, "doomed-later", delay=1)
@@ -621,9 +675,11 @@ async def test_deleted_message_is_never_delivered(node: Any, session: aiohttp.Cl
             assert (await console(session, node, "GetMessage", messageCode=code))["code"] == -1
         assert await count(session, node) == {"all": 0, "consumed": 0, "delay": 0, "unconsumed": 0}
         # a sentinel due after the deleted delayed one: it must be the first push seen
+        clock.advance(0.5)
         await publish(prod, "sentinel", delay=1)
         async with consumer(session, node, "jobs") as cons:
-            push = await recv_push(cons, timeout=3)
+            clock.advance(1.1)  # past both
+            push = await recv_push(cons)
             assert push["MessageData"] == "sentinel"
             await cons.send_str(push["MessageCode"])
-            await expect_silence(cons, 0.2)
+            await nothing_more_pushed(session, node, "jobs", cons)

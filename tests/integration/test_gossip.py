@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import random
 import struct
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -20,21 +19,17 @@ from kapok.config import ClusterConfig, load_config
 from kapok.launch import cluster_sets
 from kapok.server.app import make_app
 from kapok.server.keys import GOSSIP
+from kapok.testing import eventually
 
 pytestmark = pytest.mark.timeout(60)
+
+T = 10.0  # upper bound of every wait
 
 
 def make_node(name: str, seeds: tuple[str, ...] = (), secret: tuple[str, ...] = ("k1",)) -> GossipNode:
     config = ClusterConfig(enabled=True, bind="127.0.0.1:0", seeds=seeds, secret=secret, profile="fast")
     meta = NodeMeta(name, http_url=f"http://127.0.0.1/{name}", version="test")
     return GossipNode(config, meta, rng=random.Random(name))
-
-
-async def until(condition: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 def states(node: GossipNode) -> dict[str, State]:
@@ -62,12 +57,12 @@ async def test_nodes_join_through_a_seed_and_see_a_leave(nodes: list[GossipNode]
     b = await start(nodes, make_node("b", seeds=(a.addr,)))
     c = await start(nodes, make_node("c", seeds=(b.addr,)))
     everyone = {"a": State.ALIVE, "b": State.ALIVE, "c": State.ALIVE}
-    await until(lambda: all(states(n) == everyone for n in (a, b, c)))
+    await eventually(lambda: all(states(n) == everyone for n in (a, b, c)), timeout_s=T)
     assert a.members()[2].meta == c.meta and a.members()[2].addr == c.addr
 
     nodes.remove(c)
     await c.aclose()
-    await until(lambda: states(a)["c"] is State.LEFT and states(b)["c"] is State.LEFT)
+    await eventually(lambda: states(a)["c"] is State.LEFT and states(b)["c"] is State.LEFT, timeout_s=T)
     assert [(ch.name, ch.state) for ch in changes if ch.name == "c"][-1] == ("c", State.LEFT)
     assert a.swim is not None and a.swim.stats["streams_out"] + a.swim.stats["push_pulls_in"] > 0
 
@@ -75,9 +70,9 @@ async def test_nodes_join_through_a_seed_and_see_a_leave(nodes: list[GossipNode]
 async def test_metadata_updates_spread(nodes: list[GossipNode]) -> None:
     a = await start(nodes, make_node("a"))
     b = await start(nodes, make_node("b", seeds=(a.addr,)))
-    await until(lambda: len(states(a)) == 2)
+    await eventually(lambda: len(states(a)) == 2, timeout_s=T)
     b.set_meta(NodeMeta("b", http_url="http://127.0.0.1/b", role="slave", pair="a", load=3.0))
-    await until(lambda: {m.name: m.meta.role for m in a.members()}["b"] == "slave")
+    await eventually(lambda: {m.name: m.meta.role for m in a.members()}["b"] == "slave", timeout_s=T)
     row = {m.name: m for m in a.members()}["b"]
     assert row.meta.pair == "a" and row.meta.load == 3.0 and row.incarnation >= 1
 
@@ -87,7 +82,7 @@ async def test_a_wrong_key_is_dropped_and_counted(nodes: list[GossipNode]) -> No
     stranger = await start(nodes, make_node("x", seeds=(a.addr,), secret=("other",)))
     assert a.swim is not None
     swim = a.swim
-    await until(lambda: sum(n for k, n in swim.stats.items() if k.startswith("drop_")) >= 2)
+    await eventually(lambda: sum(n for k, n in swim.stats.items() if k.startswith("drop_")) >= 2, timeout_s=T)
     assert set(states(a)) == {"a"} and set(states(stranger)) == {"x"}
 
 
@@ -115,19 +110,20 @@ async def test_garbage_datagrams_and_streams_are_counted_and_the_node_keeps_work
         await writer.wait_closed()
     assert a.swim is not None
     swim = a.swim
-    await until(
+    await eventually(
         lambda: sum(n for k, n in swim.stats.items() if k.startswith("drop_")) >= 4  # 3 datagrams, 1 stream
         and a.stats["stream_errors_in"] >= 2
         and a.stats["streams_too_large"] == 1,
+        timeout_s=T,
         what=f"drops and stream errors counted: {swim.stats} {a.stats}",
     )
     b = await start(nodes, make_node("b", seeds=(a.addr,)))
-    await until(lambda: states(a) == {"a": State.ALIVE, "b": State.ALIVE} == states(b))
+    await eventually(lambda: states(a) == {"a": State.ALIVE, "b": State.ALIVE} == states(b), timeout_s=T)
 
 
 async def test_unreachable_seed_and_peers_cost_only_counters(nodes: list[GossipNode]) -> None:
     a = await start(nodes, make_node("a", seeds=("127.0.0.1:9",)))  # nothing listens on port 9
-    await until(lambda: a.stats["stream_errors_out"] >= 1)
+    await eventually(lambda: a.stats["stream_errors_out"] >= 1, timeout_s=T)
     assert set(states(a)) == {"a"}
 
 
@@ -148,7 +144,7 @@ async def test_nodes_serve_the_gossip_view_and_the_kapokmq_node_lists(
     seed = app_a[GOSSIP].addr
     port_b, app_b = await node("b", f"cluster.seeds=[{seed}]", "replication.role=slave",
                                "replication.master=http://127.0.0.1:1")
-    await until(lambda: len(app_a[GOSSIP].members()) == 2 == len(app_b[GOSSIP].members()))
+    await eventually(lambda: len(app_a[GOSSIP].members()) == 2 == len(app_b[GOSSIP].members()), timeout_s=T)
 
     async with aiohttp.ClientSession() as http:
         async with http.get(f"http://127.0.0.1:{port_a}/cluster/nodes") as resp:

@@ -12,6 +12,10 @@
 A crash image is taken only once every record the test waits for is
 durable (``wal.flush()``) and no other writes are in progress, so the copy
 is what a power cut at that instant would leave.
+
+That an ack was *not* sent is checked after a round trip through the node
+(``round_trip``), never after a pause: what the node wrote before it answered
+has arrived by then.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import pytest
 from aiohttp import WSMsgType, web
 from aiohttp.test_utils import TestServer
 
+from kapok.clock import Clock
 from kapok.config import load_config
 from kapok.core.broker import Broker, Draft
 from kapok.core.changes import GroupCreated
@@ -44,12 +49,12 @@ from kapok.storage.disk import DiskStore
 from kapok.storage.records import decode_frames, encode, encode_end
 from kapok.storage.snapshot import list_snapshots
 from kapok.storage.wal import WriteAheadLog, list_segments
+from kapok.testing import ManualClock, eventually
 from kapok.testing.inprocess import InProcessNode
 
 SECRET = "test"
 AUTH = {"Authorization": f"Bearer {SECRET}"}
 T = 5.0  # upper bound of every single wait
-QUIET = 0.3  # how long "nothing arrives" is watched for
 
 Frame = dict[str, Any]
 
@@ -83,12 +88,14 @@ def no_fsync(fd: int) -> None:
 
 @pytest.fixture
 async def start_node(aiohttp_server: Callable[..., Awaitable[TestServer]]) -> StartNode:
-    async def start(data_dir: Path, *sets: str, fsync: Callable[[int], None] = no_fsync) -> Node:
+    async def start(
+        data_dir: Path, *sets: str, fsync: Callable[[int], None] = no_fsync, clock: Clock | None = None
+    ) -> Node:
         config = load_config(
             None, overrides=[f"storage.dir={data_dir}", "storage.archive=false", *sets], env={}
         )
         store = DiskStore(config.storage, fsync=fsync)
-        app = make_app(config, store=store)
+        app = make_app(config, store=store, clock=clock)
         server = await aiohttp_server(app, host="127.0.0.1", port=0)
         return Node(server, app, store, data_dir)
 
@@ -134,13 +141,6 @@ class GateFsync:
 
     def release(self) -> None:
         self._open.set()
-
-
-async def until(cond: Callable[[], bool], timeout: float = T, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
 
 
 # ---------------------------------------------------------------- clients
@@ -217,11 +217,10 @@ class Ws:
         taken, box[:] = box[:n], box[n:]
         return taken
 
-    async def quiet(self, sub: int, seconds: float = QUIET) -> None:
-        """Nothing is delivered to ``sub`` for ``seconds``."""
-        deadline = time.monotonic() + seconds
-        while (remaining := deadline - time.monotonic()) > 0:
-            await self._pump(remaining)
+    async def nothing_more(self, sub: int) -> None:
+        """Nothing was delivered to ``sub`` that was not taken: a connection's frames leave
+        in the order they were queued, so a ping's pong comes after all of them."""
+        assert (await self.request("ping"))["op"] == "pong"
         assert not self.inbox.get(sub), f"unexpected deliveries: {self.inbox.get(sub)}"
 
 
@@ -237,6 +236,47 @@ async def compat_producer(
     await ws.send_str(SECRET)
     assert (await ws.receive_str(timeout=T)) == "Secret key matching succeeded"
     return ws
+
+
+class RawRequest(asyncio.Protocol):
+    """One HTTP request on a connection of its own. What came back is in ``received`` as soon
+    as it arrives (no task has to run first), so a test can tell it was *not* answered yet."""
+
+    def __init__(self) -> None:
+        self.received = bytearray()
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    @classmethod
+    async def post(cls, node: Node, path: str, body: bytes, headers: dict[str, str]) -> RawRequest:
+        transport, request = await asyncio.get_running_loop().create_connection(
+            cls, "127.0.0.1", node.server.port
+        )
+        fields = {**headers, "Host": "127.0.0.1", "Content-Length": str(len(body)), "Connection": "close"}
+        head = "".join(f"{name}: {value}\r\n" for name, value in fields.items())
+        transport.write(f"POST {path} HTTP/1.1\r\n{head}\r\n".encode() + body)
+        return request
+
+    def data_received(self, data: bytes) -> None:
+        self.received += data
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    async def answer(self) -> tuple[int, Any]:
+        """The status and JSON body, once the node has answered and hung up."""
+        await asyncio.wait_for(self.closed, T)
+        head, _, body = bytes(self.received).partition(b"\r\n\r\n")
+        return int(head.split()[1]), json.loads(body)
+
+
+async def round_trip(session: aiohttp.ClientSession, node: Node) -> None:
+    """A barrier: a request the node answers at once, without storage. Whatever the node wrote
+    to any of its sockets before it answered this one has arrived by the time the answer has
+    (one event loop serves every connection in turn; loopback delivers in order)."""
+    async with session.get(f"{node.url}/health") as resp:
+        assert resp.status == 200
+        await resp.read()
 
 
 async def http_pub(session: aiohttp.ClientSession, node: Node, topic: str, body: Frame) -> list[str]:
@@ -304,20 +344,22 @@ async def test_always_no_ack_of_any_protocol_before_its_fsync_and_one_fsync_cove
     try:
         # One publish gets the writer thread stuck in its fsync ...
         first = await ws.send("pub", topic="t", msgs=[{"data": "first"}])
-        await until(lambda: gate.waiting == 1, what="the first fsync to start")
+        await eventually(lambda: gate.waiting == 1, what="the first fsync to start")
         # ... and several more of every protocol arrive while it is stuck.
         batch = await ws.send("pub", topic="t", msgs=[{"data": "b1"}, {"data": "b2"}])
         await kp.send_str(json.dumps({"MessageData": "k1", "DelayTime": 0}))
         await kp.send_str(json.dumps({"messagedata": "k2"}))  # keys are case-insensitive
-        http = asyncio.create_task(http_pub(session, node, "t", {"data": "h1"}))
-        await until(lambda: node.store.wal.records_written == written + 6, what="all publishes")
-        await asyncio.sleep(QUIET)
+        http = await RawRequest.post(
+            node, "/v1/topics/t/messages", b'{"data": "h1"}', {**AUTH, "Content-Type": "application/json"}
+        )
+        await eventually(lambda: node.store.wal.records_written == written + 6, what="all publishes")
+        await round_trip(session, node)  # an ack sent early would have arrived by now
         assert await ws.poll(first, 0.01) is None, "puback before its fsync finished"
         assert await ws.poll(batch, 0.01) is None, "puback before its fsync finished"
         with pytest.raises(TimeoutError):
             msg = await kp.receive(timeout=0.01)
             pytest.fail(f"KapokMQ 'ok' before its fsync finished: {msg.data!r}")
-        assert not http.done(), "HTTP answer before its fsync finished"
+        assert not http.received, "HTTP answer before its fsync finished"
         assert gate.file_calls == base + 1  # the rest wait; nothing else is fsynced meanwhile
         assert node.store.stats()["wal_fsyncs_total"] == base  # the stuck one has not completed
     finally:
@@ -327,7 +369,8 @@ async def test_always_no_ack_of_any_protocol_before_its_fsync_and_one_fsync_cove
     assert len((await ws.reply(batch))["codes"]) == 2
     assert await kp.receive_str(timeout=T) == "ok"
     assert await kp.receive_str(timeout=T) == "ok"
-    assert len(await asyncio.wait_for(http, T)) == 1
+    status, answer = await http.answer()
+    assert status == 200 and len(answer["codes"]) == 1
     # Group commit: everything that arrived during the stuck fsync took ONE more.
     assert gate.file_calls == base + 2
     assert node.store.stats()["wal_fsyncs_total"] == base + 2
@@ -348,14 +391,18 @@ async def test_wal_flush_waits_for_the_batch_being_written_too(tmp_path: Path) -
         try:
             first = wal.append([GroupCreated("t", "a", 2.0)])
             assert wal.append([GroupCreated("t", "b", 3.0)]) is first
-            await until(lambda: gate.waiting == 1, what="the fsync to start")
+            await eventually(lambda: gate.waiting == 1, what="the fsync to start")
+            done: list[str] = []
+            first.add_done_callback(lambda _: done.append("batch"))
             flush = asyncio.create_task(wal.flush())
-            await asyncio.sleep(QUIET)
-            assert not first.done() and not flush.done()
+            flush.add_done_callback(lambda _: done.append("flush"))
+            await asyncio.sleep(0)  # one turn: the flush task starts while the batch is stuck
+            assert not first.done()
         finally:
             gate.release()
         await asyncio.wait_for(flush, T)
-        assert first.done() and first.exception() is None
+        assert first.exception() is None
+        assert done == ["batch", "flush"]  # the flush ended only once the batch was durable
     finally:
         await wal.aclose()
     (segment,) = list_segments(tmp_path)
@@ -370,24 +417,18 @@ async def test_always_producer_send_waits_for_fsync(
     node = await start_node(tmp_path / "d", "storage.fsync=always", fsync=gate)
     await http_pub(session, node, "t", {"data": "warm-up"})
 
-    async def send() -> Any:
-        async with session.post(
-            f"{node.url}/Producer/Send",
-            data={"messageData": "x", "topic": "t", "delayTime": "0"},
-            headers={"secretKey": SECRET},
-        ) as resp:
-            return await resp.json(content_type=None)
-
+    form = b"messageData=x&topic=t&delayTime=0"
+    headers = {"secretKey": SECRET, "Content-Type": "application/x-www-form-urlencoded"}
     gate.hold()
     try:
-        post = asyncio.create_task(send())
-        await until(lambda: gate.waiting == 1, what="the fsync to start")
-        await asyncio.sleep(QUIET)
-        assert not post.done()
+        post = await RawRequest.post(node, "/Producer/Send", form, headers)
+        await eventually(lambda: gate.waiting == 1, what="the fsync to start")
+        await round_trip(session, node)  # an answer sent early would have arrived by now
+        assert not post.received, "answer before its fsync finished"
     finally:
         gate.release()
-    body = await asyncio.wait_for(post, T)
-    assert body["code"] == 0 and len(body["msg"]) == 32
+    status, body = await post.answer()
+    assert status == 200 and body["code"] == 0 and len(body["msg"]) == 32
 
 
 async def test_interval_acks_do_not_wait_for_fsync_and_fsyncs_run_periodically(
@@ -402,10 +443,13 @@ async def test_interval_acks_do_not_wait_for_fsync_and_fsyncs_run_periodically(
     for i in range(5):
         await ws.pub("t", f"m{i}")
         await asyncio.sleep(0.06)
-    await until(lambda: not node.store.wal._dirty, what="the interval fsync")
+    await eventually(lambda: not node.store.wal._dirty, what="the interval fsync")
     assert 2 <= gate.file_calls <= 6
+    await eventually(lambda: node.store.wal._background_jobs == 0, what="the last fsync to end")
     idle = gate.file_calls
-    await asyncio.sleep(0.15)
+    # Back to its 0.02 s naps: the loop runs timers in deadline order, so the syncer has
+    # looked at the idle log several times before this sleep ends.
+    await asyncio.sleep(0.1)
     assert gate.file_calls == idle  # nothing written, nothing to sync
 
     gate.hold()
@@ -414,10 +458,10 @@ async def test_interval_acks_do_not_wait_for_fsync_and_fsyncs_run_periodically(
         codes = await asyncio.wait_for(ws.pub("t", "while held"), T)
         assert len(codes) == 1
         # ... and the timer then tries to fsync it.
-        await until(lambda: gate.waiting == 1, what="the interval fsync of the new record")
+        await eventually(lambda: gate.waiting == 1, what="the interval fsync of the new record")
     finally:
         gate.release()
-    await until(lambda: gate.waiting == 0 and not node.store.wal._dirty, what="the fsync to finish")
+    await eventually(lambda: gate.waiting == 0 and not node.store.wal._dirty, what="the fsync to finish")
     assert gate.file_calls == idle + 1
     assert not gate.timed_out
     await ws.ws.close()
@@ -432,13 +476,13 @@ async def test_interval_acks_never_wait_for_a_slow_fsync(
     )
     ws = await v1(session, node)
     await ws.pub("t", "warm-up")
-    await until(lambda: not node.store.wal._dirty, what="the interval fsync")
+    await eventually(lambda: not node.store.wal._dirty, what="the interval fsync")
     gate.hold()
     try:
         await ws.pub("t", "one")  # written; the timer's fsync of it now hangs
-        await until(lambda: gate.waiting == 1, what="the interval fsync")
+        await eventually(lambda: gate.waiting == 1, what="the interval fsync")
         rid = await ws.send("pub", topic="t", msgs=[{"data": "two"}])
-        reply = await ws.poll(rid, 1.0)
+        reply = await ws.poll(rid, T)  # at once; T only bounds a failure
     finally:
         gate.release()
     await ws.ws.close()
@@ -461,7 +505,7 @@ async def test_never_acks_do_not_wait_for_fsync(
             await kp.send_str(json.dumps({"MessageData": f"k{i}"}))
             assert await kp.receive_str(timeout=T) == "ok"
         assert len(await asyncio.wait_for(http_pub(session, node, "t", {"data": "h"}), T)) == 1
-        await asyncio.sleep(0.1)
+        assert node.store.wal._background_jobs == 0  # no fsync even queued for later
         assert gate.file_calls == base
         assert gate.waiting == 0
     finally:
@@ -485,7 +529,7 @@ async def test_never_acks_do_not_wait_for_fsync_at_segment_rotation(
     try:
         for i in range(20):  # 20 x 500 bytes: at least two rotations
             rid = await ws.send("pub", topic="t", msgs=[{"data": f"{i:04d}" + "x" * 496}])
-            if await ws.poll(rid, 1.0) is None:
+            if await ws.poll(rid, T) is None:
                 break
             acked += 1
     finally:
@@ -501,7 +545,8 @@ async def test_clean_restart_keeps_every_state(
     start_node: StartNode, session: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
     data = tmp_path / "d"
-    a = await start_node(data, fsync=os.fsync)
+    clock = ManualClock()  # both lives of the node run on it
+    a = await start_node(data, fsync=os.fsync, clock=clock)
     ws = await v1(session, a)
     codes_before: list[str] = []
 
@@ -545,9 +590,9 @@ async def test_clean_restart_keeps_every_state(
     await a.stop()
     assert list_snapshots(data / "snapshots"), "a clean shutdown writes a final snapshot"
 
-    b = await start_node(data, fsync=os.fsync)
+    b = await start_node(data, fsync=os.fsync, clock=clock)
     ws = await v1(session, b)
-    s_later = await ws.sub("later")  # first, so "not before its time" is watched the longest
+    s_later = await ws.sub("later")  # first: nothing below may release it before its time
     # consumed stays consumed
     assert all(b.broker.messages[c].entries["default"].status.value == "consumed" for c in done)
     s_done = await ws.sub("done")
@@ -572,14 +617,16 @@ async def test_clean_restart_keeps_every_state(
     assert [m["code"] for m in await ws.take(s5, 2)] == fan
     s6 = await ws.sub("fan")
     assert [m["code"] for m in await ws.take(s6, 2)] == fan
-    await ws.quiet(s_done, 0.05)
+    await ws.nothing_more(s_done)
     assert not ws.inbox.get(s3)
     # codes keep increasing: no sequence number is used twice
     (new,) = await ws.pub("fresh", "n")
     assert seq_of(new) > max_seq and new not in codes_before
     # the delayed message still waits for its time
-    (m,) = await ws.take(s_later, 1, timeout=deliver_at - time.time() + T)
-    assert time.time() >= deliver_at - 0.01
+    clock.advance(deliver_at - 0.01 - clock.now)
+    await ws.nothing_more(s_later)
+    clock.advance(0.02)
+    (m,) = await ws.take(s_later, 1)
     assert m["code"] == later and m["attempts"] == 1
     await ws.ws.close()
 
@@ -639,7 +686,7 @@ async def test_crash_image_recovers_everything_acked_from_the_wal_alone(
     by_code = {m["code"]: m for m in back}
     assert set(by_code) == set(published) - {first["code"], form_code}
     assert by_code[second["code"]]["redelivered"] and by_code[second["code"]]["attempts"] == 2
-    await wsb.quiet(s, 0.05)
+    await wsb.nothing_more(s)
     await kp.close()
     await ws.ws.close()
     await wsb.ws.close()

@@ -1,15 +1,20 @@
-"""The native HTTP API (``/v1/...``): publish, pull with leases and long-poll, ack/nack, stats."""
+"""The native HTTP API (``/v1/...``): publish, pull with leases and long-poll, ack/nack, stats.
+
+The node runs on a ``ManualClock``: leases end and long polls time out when the test
+moves the clock, not after a wait.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import re
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
+
+from kapok.testing import ManualClock, eventually
 
 CODE_RE = re.compile(r"^[0-9a-f]{32}$")
 
@@ -54,9 +59,24 @@ class Http:
 
 
 @pytest.fixture
-async def http(node: Any, auth: dict[str, str]) -> AsyncIterator[Http]:
+async def timed_node(make_node: Any, clock: ManualClock) -> Any:
+    return await make_node(clock=clock)
+
+
+@pytest.fixture
+async def http(timed_node: Any, auth: dict[str, str]) -> AsyncIterator[Http]:
     async with aiohttp.ClientSession() as session:
-        yield Http(session, node.url, auth)
+        yield Http(session, timed_node.url, auth)
+
+
+async def parked(node: Any, topic: str, group: str = "default") -> None:
+    """Wait until a long poll waits on ``group`` for a message to arrive."""
+
+    def waiting() -> bool:
+        grp = node.broker.topics.get(topic) and node.broker.topics[topic].groups.get(group)
+        return bool(grp) and grp.waiters == 1
+
+    await eventually(waiting, what=f"a long poll parked on {topic}/{group}")
 
 
 # ---------------------------------------------------------------- publish
@@ -97,15 +117,14 @@ async def test_publish_dedup_id(http: Http) -> None:
 # ---------------------------------------------------------------- pull, leases, ack, nack
 
 
-async def test_pull_leases_messages(http: Http) -> None:
+async def test_pull_leases_messages(http: Http, clock: ManualClock) -> None:
     assert await http.pull("jobs", group="workers") == []  # creates the durable group
     codes = await http.publish("jobs", "1", "2", "3")
-    before = time.time()
     first = await http.pull("jobs", group="workers", max=2, lease_s=30)
     assert [m["code"] for m in first] == codes[:2]
     for m in first:
         assert m["group"] == "workers" and m["attempts"] == 1 and m["redelivered"] is False
-        assert before + 29 <= m["lease_until"] <= time.time() + 31
+        assert m["lease_until"] == clock.now + 30
     rest = await http.pull("jobs", group="workers", max=5, lease_s=30)
     assert [m["code"] for m in rest] == codes[2:]
     assert await http.pull("jobs", group="workers", max=5) == []  # all leased
@@ -113,15 +132,20 @@ async def test_pull_leases_messages(http: Http) -> None:
     assert [m["code"] for m in await http.pull("jobs", max=5)] == codes
 
 
-async def test_unacked_lease_expires_and_comes_back(http: Http) -> None:
+async def test_unacked_lease_expires_and_comes_back(
+    http: Http, timed_node: Any, clock: ManualClock
+) -> None:
     (code,) = await http.publish("lease", "x")
-    (m,) = await http.pull("lease", lease_s=0.3)
+    (m,) = await http.pull("lease", lease_s=2)
     assert m["code"] == code and m["attempts"] == 1
-    assert await http.pull("lease") == []
-    started = time.monotonic()
-    (again,) = await http.pull("lease", wait=3, lease_s=30)
+    clock.advance(1.9)
+    assert await http.pull("lease") == []  # still leased just before the lease ends
+    # A long poll is woken by the lease's end (before its own time-out, a second later).
+    poll = asyncio.create_task(http.pull("lease", wait=1.5, lease_s=30))
+    await parked(timed_node, "lease")
+    clock.advance(0.2)
+    (again,) = await asyncio.wait_for(poll, 5)
     assert again["code"] == code and again["attempts"] == 2 and again["redelivered"] is True
-    assert time.monotonic() - started < 2.5
 
 
 async def test_ack_settles_and_lists_unknown(http: Http) -> None:
@@ -178,26 +202,22 @@ async def test_nack_without_requeue_dead_letters(http: Http) -> None:
     assert msg["groups"]["default"]["status"] == "dead"
 
 
-async def test_long_poll_returns_when_a_message_arrives(http: Http) -> None:
-    async def publish_later() -> list[str]:
-        await asyncio.sleep(0.3)
-        return await http.publish("lp", "wake")
-
-    started = time.monotonic()
-    publisher = asyncio.create_task(publish_later())
-    pulled = await asyncio.wait_for(http.pull("lp", wait=3), 5)
-    elapsed = time.monotonic() - started
-    (code,) = await publisher
+async def test_long_poll_returns_when_a_message_arrives(
+    http: Http, timed_node: Any, clock: ManualClock
+) -> None:
+    poll = asyncio.create_task(http.pull("lp", wait=3))
+    await parked(timed_node, "lp")
+    clock.advance(2.9)  # just before its time-out: still waiting
+    (code,) = await http.publish("lp", "wake")
+    pulled = await asyncio.wait_for(poll, 5)
     assert [m["code"] for m in pulled] == [code]
-    assert 0.25 <= elapsed < 2.5
 
 
-async def test_long_poll_times_out_empty(http: Http) -> None:
-    started = time.monotonic()
-    body = await http.call("GET", "/v1/topics/empty/messages", params={"wait": "0.3"})
-    elapsed = time.monotonic() - started
-    assert body == {"messages": []}
-    assert 0.25 <= elapsed < 2.0
+async def test_long_poll_times_out_empty(http: Http, timed_node: Any, clock: ManualClock) -> None:
+    poll = asyncio.create_task(http.call("GET", "/v1/topics/empty/messages", params={"wait": "0.3"}))
+    await parked(timed_node, "empty")
+    clock.advance(0.3)
+    assert await asyncio.wait_for(poll, 5) == {"messages": []}
 
 
 async def test_pull_on_pubsub_topic_needs_a_group(make_node: Any, auth: dict[str, str]) -> None:

@@ -2,26 +2,35 @@
 
 Frames of different ops are matched by ``op`` and ``id``, never by arrival
 order: after a ``pub``, the ``msg`` push to a subscriber on the same
-connection may come before the ``puback``.
+connection may come before the ``puback``. What is *not* pushed is checked
+with a ping (``Ws.nothing_more``), and deadlines and delays are driven by a
+``ManualClock``: no test waits to see that nothing arrives.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import os
 import re
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import pytest
 
+from kapok.testing import ManualClock, eventually
+
 CODE_RE = re.compile(r"^[0-9a-f]{32}$")
 
 Frame = dict[str, Any]
+
+
+def pushed_to(sub: int) -> Callable[[Frame], bool]:
+    """Matches the ``msg`` frames of subscription ``sub``."""
+    return lambda f: f.get("op") == "msg" and f.get("sub") == sub
 
 
 class Ws:
@@ -95,17 +104,23 @@ class Ws:
         deadline = loop.time() + timeout
         out: list[Frame] = []
         while len(out) < n:
-            frame = await self.poll(
-                lambda f: f.get("op") == "msg" and f.get("sub") == sub, deadline - loop.time()
-            )
+            frame = await self.poll(pushed_to(sub), deadline - loop.time())
             assert frame is not None, f"got {len(out)} of {n} messages within {timeout}s"
             out.extend(frame["msgs"])
         return out
 
-    async def quiet(self, sub: int, duration: float) -> None:
-        """Assert that no message for ``sub`` arrives within ``duration``."""
-        frame = await self.poll(lambda f: f.get("op") == "msg" and f.get("sub") == sub, duration)
-        assert frame is None, f"unexpected push: {frame}"
+    async def nothing_more(self, sub: int) -> None:
+        """Assert that the node has pushed nothing to ``sub`` that was not taken yet.
+
+        A connection's frames leave the node in the order they were queued, so the
+        answer to a ping comes after everything queued before the ping was read: what
+        the requests sent before it pushed, and what a ``ManualClock`` advanced before
+        it released. No waiting on a guess: the pong is the proof.
+        """
+        pong = await self.request("ping")
+        assert pong["op"] == "pong", pong
+        unexpected = [f for f in self.pending if pushed_to(sub)(f)]
+        assert not unexpected, f"unexpected push: {unexpected}"
 
     async def ack(self, sub: int, codes: list[str]) -> None:
         answer = await self.request("ack", sub=sub, codes=codes)
@@ -229,16 +244,16 @@ async def test_prefetch_limits_unacked_and_credit_raises_it(node: Any, connect: 
     sub = await c.sub("flow", prefetch=5)
     first = await c.msgs(sub, 5)
     assert datas(first) == ["0", "1", "2", "3", "4"]
-    await c.quiet(sub, 0.3)
+    await c.nothing_more(sub)
     answer = await c.request("credit", sub=sub, prefetch=8)
     assert answer["op"] == "ok"
     more = await c.msgs(sub, 3)
     assert datas(more) == ["5", "6", "7"]
-    await c.quiet(sub, 0.2)
+    await c.nothing_more(sub)
     await c.ack(sub, [m["code"] for m in first + more])
     rest = await c.msgs(sub, 8)
     assert datas(rest) == [str(i) for i in range(8, 16)]
-    await c.quiet(sub, 0.2)
+    await c.nothing_more(sub)
 
 
 async def test_ack_unknown_code_reports_it_and_settles_the_rest(node: Any, connect: Connect) -> None:
@@ -276,7 +291,7 @@ async def test_nack_without_requeue_dead_letters(node: Any, connect: Connect) ->
     await c.msgs(sub, 1)
     answer = await c.request("nack", sub=sub, codes=[code], requeue=False)
     assert answer["op"] == "ok"
-    await c.quiet(sub, 0.2)
+    await c.nothing_more(sub)
     dlq = await c.sub("mail.dlq")
     (dead,) = await c.msgs(dlq, 1)
     assert dead["topic"] == "mail.dlq" and dead["data"] == "poison"
@@ -294,7 +309,7 @@ async def test_max_deliveries_dead_letters(make_node: Any, connect: Connect) -> 
         (m,) = await c.msgs(sub, 1)
         assert m["attempts"] == attempt
         assert (await c.request("nack", sub=sub, codes=[code]))["op"] == "ok"
-    await c.quiet(sub, 0.2)
+    await c.nothing_more(sub)
     dlq = await c.sub("flaky.dlq")
     (dead,) = await c.msgs(dlq, 1)
     assert dead["headers"]["original_code"] == code
@@ -302,37 +317,37 @@ async def test_max_deliveries_dead_letters(make_node: Any, connect: Connect) -> 
     assert dead["headers"]["attempts"] == "2"
 
 
-async def test_ack_timeout_redelivers(make_node: Any, connect: Connect) -> None:
-    node = await make_node("mq.ack_timeout_s=0.3")
+async def test_ack_timeout_redelivers(make_node: Any, connect: Connect, clock: ManualClock) -> None:
+    node = await make_node("mq.ack_timeout_s=5", clock=clock)
     c = await connect(node)
     (code,) = await c.pub("slow", "x")
     sub = await c.sub("slow")
     await c.msgs(sub, 1)
-    started = time.monotonic()
-    (again,) = await c.msgs(sub, 1, timeout=2.0)
+    clock.advance(4.9)
+    await c.nothing_more(sub)  # not before the ack deadline
+    clock.advance(0.2)
+    (again,) = await c.msgs(sub, 1)
     assert again["code"] == code and again["attempts"] == 2
-    assert time.monotonic() - started >= 0.2
 
 
-async def test_touch_extends_the_deadline(make_node: Any, connect: Connect) -> None:
-    node = await make_node("mq.ack_timeout_s=0.5")
+async def test_touch_extends_the_deadline(make_node: Any, connect: Connect, clock: ManualClock) -> None:
+    node = await make_node("mq.ack_timeout_s=10", clock=clock)
     c = await connect(node)
     touched, untouched = await c.pub("work", "touched", "untouched")
     sub = await c.sub("work")
-    await c.msgs(sub, 2)
-    t0 = time.monotonic()  # deliveries happened just before: deadline about t0 + 0.5
-    await asyncio.sleep(0.3)
+    await c.msgs(sub, 2)  # delivered at t0: both due back at t0 + 10
+    clock.advance(6)
     answer = await c.request("touch", sub=sub, codes=[touched])
-    assert answer["op"] == "ok"  # new deadline about t0 + 0.8
+    assert answer["op"] == "ok"  # touched: one ack_timeout_s from now, t0 + 16
     # The untouched one times out at the original deadline; the touched one does not.
-    (redo,) = await c.msgs(sub, 1, timeout=1.0)
+    clock.advance(4.1)
+    (redo,) = await c.msgs(sub, 1)
     assert redo["code"] == untouched and redo["attempts"] == 2
-    remaining = 0.7 - (time.monotonic() - t0)
-    if remaining > 0:
-        await c.quiet(sub, remaining)
-    (late,) = await c.msgs(sub, 1, timeout=2.0)
+    clock.advance(5.8)
+    await c.nothing_more(sub)
+    clock.advance(0.2)
+    (late,) = await c.msgs(sub, 1)
     assert late["code"] == touched and late["attempts"] == 2
-    assert time.monotonic() - t0 >= 0.7
 
 
 async def test_touch_of_unknown_code_is_reported(node: Any, connect: Connect) -> None:
@@ -350,16 +365,15 @@ async def test_auto_ack_consumes_without_acks(
     sub = await c.sub("fire", ack="auto", prefetch=2)
     got = await c.msgs(sub, 5)  # more than the prefetch: no acks were needed
     assert [m["code"] for m in got] == codes
-    deadline = time.monotonic() + 3.0
+
+    async def consumed(code: str) -> Frame | None:
+        async with session.get(f"{node.url}/v1/messages/{code}", headers=auth) as resp:
+            assert resp.status == 200
+            body: Frame = await resp.json()
+        return body if body["groups"]["default"]["status"] == "consumed" else None
+
     for code in codes:
-        while True:
-            async with session.get(f"{node.url}/v1/messages/{code}", headers=auth) as resp:
-                assert resp.status == 200
-                body = await resp.json()
-            if body["groups"]["default"]["status"] == "consumed":
-                break
-            assert time.monotonic() < deadline, body
-            await asyncio.sleep(0.02)
+        body = await eventually(functools.partial(consumed, code), what=f"{code} consumed")
         assert body["finished_at"]
     # Acking an auto-acked message is an unknown code: nothing is held.
     err = await c.request("ack", sub=sub, codes=[codes[0]])
@@ -402,20 +416,21 @@ async def test_consumers_in_one_group_share(node: Any, connect: Connect) -> None
     codes = await producer.pub("tasks", *[str(i) for i in range(10)])
     got_a: list[Frame] = []
     got_b: list[Frame] = []
-    deadline = time.monotonic() + 3.0
-    while len(got_a) + len(got_b) < 10:
-        assert time.monotonic() < deadline
-        if (f := await a.poll(lambda f: f.get("op") == "msg" and f["sub"] == sa, 0.05)) is not None:
-            got_a.extend(f["msgs"])
-        if (f := await b.poll(lambda f: f.get("op") == "msg" and f["sub"] == sb, 0.05)) is not None:
-            got_b.extend(f["msgs"])
+
+    async def all_delivered() -> bool:
+        for c, sub, got in ((a, sa, got_a), (b, sb, got_b)):
+            if (f := await c.poll(pushed_to(sub), 0.01)) is not None:
+                got.extend(f["msgs"])
+        return len(got_a) + len(got_b) >= 10
+
+    await eventually(all_delivered, what="the 10 messages delivered")
     codes_a = {m["code"] for m in got_a}
     codes_b = {m["code"] for m in got_b}
     assert codes_a and codes_b
     assert not codes_a & codes_b
     assert codes_a | codes_b == set(codes)
-    await a.quiet(sa, 0.1)
-    await b.quiet(sb, 0.1)
+    await a.nothing_more(sa)
+    await b.nothing_more(sb)
 
 
 @pytest.mark.parametrize("ack", ["auto", "manual"])
@@ -439,7 +454,7 @@ async def test_pubsub_topic_anonymous_subscribers_each_get_a_copy(
     # A subscriber that joins later does not get what was published before.
     late = await connect(node)
     sub = await late.sub("news")
-    await late.quiet(sub, 0.2)
+    await late.nothing_more(sub)
 
 
 ROUTED = [("1", "eu.de"), ("2", "us.x"), ("3", "eu.de.berlin"), ("4", "")]
@@ -457,7 +472,7 @@ async def test_routing_key_patterns(node: Any, connect: Connect, pattern: str, e
     got = await c.msgs(sub, len(expected))
     assert datas(got) == expected
     assert all(m["key"] == dict(ROUTED)[m["data"]] for m in got)
-    await c.quiet(sub, 0.15)
+    await c.nothing_more(sub)
     # What matched nothing is not dropped: it waits for a matching subscription.
     rest = [d for d, _ in ROUTED if d not in expected]
     if rest:
@@ -479,18 +494,19 @@ async def test_priority_first(node: Any, connect: Connect) -> None:
     assert datas(await c.msgs(sub, 1)) == ["low"]
 
 
-async def test_delayed_message_waits(node: Any, connect: Connect) -> None:
+async def test_delayed_message_waits(make_node: Any, connect: Connect, clock: ManualClock) -> None:
+    node = await make_node(clock=clock)
     c = await connect(node)
     sub = await c.sub("later")
-    started = time.monotonic()
     await c.pub("later", {"data": "soon", "delay_s": 0.5}, {"data": "now"})
     (now,) = await c.msgs(sub, 1)
     assert now["data"] == "now"
-    await c.quiet(sub, 0.3)
-    (soon,) = await c.msgs(sub, 1, timeout=2.0)
+    clock.advance(0.49)
+    await c.nothing_more(sub)  # not before its time
+    clock.advance(0.02)
+    (soon,) = await c.msgs(sub, 1)
     assert soon["data"] == "soon"
-    assert soon["deliver_at"] >= soon["create_time"] + 0.49
-    assert time.monotonic() - started >= 0.45
+    assert soon["deliver_at"] == pytest.approx(soon["create_time"] + 0.5)
 
 
 async def test_dedup_id_returns_the_same_code(node: Any, connect: Connect) -> None:
@@ -502,7 +518,7 @@ async def test_dedup_id_returns_the_same_code(node: Any, connect: Connect) -> No
     assert both[0] == both[1] != first
     sub = await c.sub("dedup")
     assert datas(await c.msgs(sub, 2)) == ["x", "y"]
-    await c.quiet(sub, 0.2)
+    await c.nothing_more(sub)
 
 
 async def test_queue_full(make_node: Any, connect: Connect) -> None:
@@ -533,7 +549,7 @@ async def test_rate_limited_per_producer(make_node: Any, connect: Connect) -> No
     # The refused batch was not stored.
     sub = await other.sub("rl")
     assert datas(await other.msgs(sub, 6)) == ["a", "b", "c", "d", "e", "y"]
-    await other.quiet(sub, 0.1)
+    await other.nothing_more(sub)
 
 
 async def test_disconnect_requeues_unacked_to_another_connection(node: Any, connect: Connect) -> None:
@@ -543,7 +559,7 @@ async def test_disconnect_requeues_unacked_to_another_connection(node: Any, conn
     await a.msgs(sa, 3)
     b = await connect(node)
     sb = await b.sub("handoff")
-    await b.quiet(sb, 0.1)  # everything is held by a
+    await b.nothing_more(sb)  # everything is held by a
     await a.ws.close()
     got = await b.msgs(sb, 3)
     assert [m["code"] for m in got] == codes
@@ -571,7 +587,7 @@ async def test_unsub_stops_pushes(node: Any, connect: Connect) -> None:
     answer = await c.request("unsub", sub=sub)
     assert answer["op"] == "ok"
     await c.pub("stop", "after")
-    await c.quiet(sub, 0.3)
+    await c.nothing_more(sub)
     err = await c.request("ack", sub=sub, codes=[])
     assert err["op"] == "error" and err["code"] == "bad_subscription"
     # The unacked "before" and the new "after" wait for the next consumer.

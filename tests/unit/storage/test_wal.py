@@ -19,6 +19,7 @@ from kapok.core.changes import Change, GroupCreated
 from kapok.storage import wal as wal_module
 from kapok.storage.records import FrameReader
 from kapok.storage.wal import WriteAheadLog, list_segments
+from kapok.testing import eventually
 
 T = 10.0  # upper bound of every wait
 
@@ -84,10 +85,7 @@ async def test_archive_batches_go_out_after_the_delay_without_a_close(tmp_path: 
     try:
         await wal.append(_records(2))
         await wal.append(_records(2, 2))
-        for _ in range(200):
-            if recorder.calls:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: recorder.calls, what="the archive batch")
         assert recorder.calls == [_records(4)]
     finally:
         await wal.aclose()
@@ -104,10 +102,8 @@ async def test_archive_batches_are_bounded_in_size(tmp_path: Path, monkeypatch: 
     try:
         for i in range(5):
             await wal.append(_records(4, 4 * i))
-        for _ in range(200):  # three writes (~250 bytes) pass the bound: no waiting for the delay
-            if sum(map(len, recorder.calls)) >= 12:
-                break
-            await asyncio.sleep(0.01)
+        # three writes (~250 bytes) pass the bound: no waiting for the delay
+        await eventually(lambda: sum(map(len, recorder.calls)) >= 12, what="a batch over the bound")
         assert [len(call) for call in recorder.calls] == [12]
     finally:
         await wal.aclose()
@@ -160,10 +156,8 @@ async def test_small_writes_stay_on_the_loop_unless_an_fsync_is_due(
     big = [GroupCreated("t", "g" * 200, float(i)) for i in range(wal_module.INLINE_WRITE_BYTES // 200)]
     for records in (small, small, big, small):  # the first write opens the segment
         await wal.append(records)
-        for _ in range(1000):  # the fsync of the directory, after the segment was created
-            if not wal._background_jobs:
-                break
-            await asyncio.sleep(0.01)
+        # the fsync of the directory, after the segment was created
+        await eventually(lambda: not wal._background_jobs, timeout_s=10, what="the background fsyncs")
     await wal.aclose()
     loop_thread = threading.current_thread().name
     on_loop = [name == loop_thread for name in writers]
