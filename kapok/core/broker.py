@@ -509,6 +509,17 @@ class Broker:
         self._dispatch(now)
         return True
 
+    def finish(self, code: str, reason: str, now: float) -> bool:
+        """Settle every open entry of a live message as consumed, wherever it is (queued,
+        delayed or in flight); the console's requeue from a DLQ settles the dead letter it
+        published again. False: no live message with that code."""
+        msg = self.messages.get(code)
+        if msg is None or not msg.live:
+            return False
+        self._end_message(msg, Status.CONSUMED, reason, now)
+        self._dispatch(now)
+        return True
+
     # ------------------------------------------------------------ time
 
     def tick(self, now: float) -> None:

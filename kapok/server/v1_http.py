@@ -23,7 +23,7 @@ from kapok.server.codec import (
     message_json,
 )
 from kapok.server.keys import SERVICE
-from kapok.server.responses import json_response
+from kapok.server.responses import json_response, number_field
 
 __all__ = ["routes", "topic_stats"]
 
@@ -58,16 +58,7 @@ async def publish(request: web.Request) -> web.Response:
 
 
 def _query_number(request: web.Request, name: str, default: float, lo: float, hi: float) -> float:
-    text = request.query.get(name)
-    if text is None:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise BadRequestError(f"query parameter {name!r} must be a number, got {text!r}") from None
-    if not lo <= value <= hi:
-        raise BadRequestError(f"query parameter {name!r} must be between {lo:g} and {hi:g}")
-    return value
+    return number_field(request.query, name, default, lo, hi, what=f"query parameter {name!r}")
 
 
 @routes.get("/v1/topics/{topic}/messages")

@@ -105,6 +105,10 @@ EXPECTED_DEFAULTS = {
     "replication.master": "",
     "replication.mode": "async",
     "replication.failover_timeout_s": 3.0,
+    "console.enabled": True,
+    "console.session_idle_s": 8 * 3600.0,
+    "console.refresh_s": 5.0,
+    "console.analytics_dir": "",
     "log.level": "info",
 }
 
