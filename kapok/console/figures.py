@@ -26,7 +26,7 @@ from kapok.core.topics import Group, Topic
 from kapok.server.cluster_view import member_rows
 from kapok.server.keys import SERVICE
 
-__all__ = ["clients", "cluster", "config_rows", "disk_usage", "overview", "topics"]
+__all__ = ["clients", "cluster", "config_rows", "disk_usage", "overview", "pair_rows", "topics"]
 
 # Ready entries looked at per queue to find the oldest waiting message: a queue may start
 # with entries settled in place (deleted, expired), which are skipped lazily.
@@ -222,6 +222,29 @@ def _lag(row: dict[str, Any]) -> dict[str, Any] | None:
     return lag if isinstance(lag, dict) else None
 
 
+def pair_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Members as master/slave pairs (``pair`` names the partner), masters first; a member
+    without a partner in the view is a pair with one side empty. Each pair carries the
+    higher epoch of its two sides and the replication lag one of them reports (the slave's
+    first)."""
+    by_name = {row["name"]: row for row in rows}
+    pairs: list[dict[str, Any]] = []
+    placed: set[str] = set()
+    for row in sorted(rows, key=lambda r: (r["role"] != "master", r["name"])):
+        if row["name"] in placed:
+            continue
+        partner = by_name.get(row["pair"]) if row.get("pair") else None
+        if partner is not None and (partner["name"] in placed or partner["role"] == row["role"]):
+            partner = None
+        master, slave = (row, partner) if row["role"] == "master" else (partner, row)
+        sides = [r for r in (master, slave) if r is not None]
+        placed.update(r["name"] for r in sides)
+        lag = next((r["lag"] for r in (slave, master) if r is not None and r.get("lag")), None)
+        epoch = max(r.get("epoch") or 0 for r in sides)
+        pairs.append({"master": master, "slave": slave, "epoch": epoch, "lag": lag})
+    return pairs
+
+
 def cluster(app: web.Application) -> dict[str, Any]:
     """Every gossip member, and the members grouped as master/slave pairs.
 
@@ -229,26 +252,12 @@ def cluster(app: web.Application) -> dict[str, Any]:
     lands; a row without them is shown alone and with "—".
     """
     rows = member_rows(app)
-    by_name = {row["name"]: row for row in rows}
     for row in rows:
         url = row.get("http_url") or ""
         # Gossip metadata comes from the network: link only to what is an http(s) URL.
         row["console_url"] = f"{url}/console/cluster" if url.startswith(("http://", "https://")) else None
         row["lag"] = _lag(row)
-    pairs: list[dict[str, Any]] = []
-    placed: set[str] = set()
-    for row in sorted(rows, key=lambda r: (r["role"] != "master", r["name"])):
-        if row["name"] in placed:
-            continue
-        partner = by_name.get(row["pair"]) if row.get("pair") else None
-        if partner is not None and partner["name"] in placed:
-            partner = None
-        master, slave = (row, partner) if row["role"] == "master" else (partner, row)
-        placed.update(r["name"] for r in (master, slave) if r is not None)
-        lag = (slave and slave["lag"]) or (master and master["lag"])
-        epoch = max((r.get("epoch") or 0) for r in (master, slave) if r is not None)
-        pairs.append({"master": master, "slave": slave, "epoch": epoch, "lag": lag})
-    states: dict[str, int] = {s: 0 for s in ("alive", "suspect", "dead", "left")}
+    states: dict[str, int] = dict.fromkeys(("alive", "suspect", "dead", "left"), 0)
     for row in rows:
         states[row["state"]] = states.get(row["state"], 0) + 1
-    return {"members": rows, "pairs": pairs, "states": states}
+    return {"members": rows, "pairs": pair_rows(rows), "states": states}

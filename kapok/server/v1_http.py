@@ -169,3 +169,13 @@ async def delete_message(request: web.Request) -> web.Response:
     if not service.delete(code):
         raise NotFoundError("no message with that code")
     return json_response({"deleted": code})
+
+
+@routes.post("/v1/messages/{code}/requeue")
+async def requeue_dead_letter(request: web.Request) -> web.Response:
+    """Publish a dead letter (a message of a ``.dlq`` topic) again to its original topic."""
+    service = request.app[SERVICE]
+    code, durable = service.requeue_dead_letter(request.match_info["code"])
+    if durable is not None:
+        await durable
+    return json_response({"code": code, "requeued": request.match_info["code"]})

@@ -1,7 +1,7 @@
 """The console in real headless Chromium: Playwright for Python driving the system's Chromium.
 
 Nothing downloads a browser: the executable is Debian's ``chromium`` (``build/test.sh``
-installs it when missing). One browser serves the whole session; each test gets a fresh
+installs it when missing). One browser serves every browser test; each test gets a fresh
 context (no shared cookies), logs in through the form, and leaves a screenshot of where it
 ended in ``.test-output/browser/<test>.png``. The node is a real ``kapok serve`` process
 (gossip on, so the Cluster page has a view to show), shared by the tests of a module.
@@ -39,13 +39,16 @@ def chromium_path() -> str:
     pytest.fail("no chromium on PATH: `bash build/test.sh` installs Debian's (apt-get install chromium)")
 
 
-@pytest.fixture(scope="session")
+# Package scope (tests/browser has an __init__.py for it), not session: while Playwright's
+# sync API is alive it marks its event loop as running in this thread, which would break
+# the async tests of the other folders that run after these.
+@pytest.fixture(scope="package")
 def playwright() -> Iterator[Playwright]:
     with sync_playwright() as pw:
         yield pw
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser(playwright: Playwright) -> Iterator[Browser]:
     browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS, headless=True)
     yield browser
