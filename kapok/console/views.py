@@ -70,6 +70,8 @@ def _login_page(request: web.Request, error: str = "", status: int = 200) -> web
 
 @routes.get("/console/login")
 async def login_form(request: web.Request) -> web.Response:
+    if current_session(request) is not None:
+        raise web.HTTPFound(safe_next(request.query.get("next")))
     return _login_page(request)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -215,3 +216,35 @@ async def test_bad_input_is_a_clear_error(start: StartNode, http: aiohttp.Client
     assert status == 404 and "no message with code" in page
     status, page = await console.post(f"/console/messages/{'0' * 32}/delete", csrf=console.csrf)
     assert status == 404 and "No message with that code" in page
+
+
+async def test_cluster_pairs_masters_and_slaves_with_their_lag(
+    start: StartNode, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replication fills ``pair``, ``epoch`` and ``lag`` in the gossip rows; the page shows
+    them as they come (here the rows are made up: replication is not part of this node)."""
+    node = await start()
+    console = await logged_in(http, node)
+    lag = {"records": 12, "bytes": 3072, "seconds": 1.5}
+    rows = [
+        {"name": "m1", "http_url": "http://10.0.0.1:8011", "state": "alive", "role": "master", "pair": "s1",
+         "epoch": 2, "incarnation": 4, "active": True, "load": 3.0, "version": "0.2", "self": True},
+        {"name": "s1", "http_url": "http://10.0.0.2:8011", "state": "suspect", "role": "slave", "pair": "m1",
+         "epoch": 2, "incarnation": 1, "active": False, "load": 0.0, "version": "0.2", "self": False,
+         "lag": lag},
+        {"name": "evil", "http_url": "javascript:alert(1)", "state": "dead", "role": "master", "pair": None,
+         "epoch": 0, "incarnation": 0, "active": True, "load": 0.0, "version": "0.2", "self": False},
+    ]  # fmt: skip
+    monkeypatch.setattr("kapok.console.figures.member_rows", lambda app: [dict(r) for r in rows])
+    data = await console.json("/console/api/cluster")
+    assert data["states"] == {"alive": 1, "suspect": 1, "dead": 1, "left": 0}
+    sides = [(p["master"] and p["master"]["name"], p["slave"] and p["slave"]["name"]) for p in data["pairs"]]
+    assert sides == [("evil", None), ("m1", "s1")]
+    assert (data["pairs"][1]["epoch"], data["pairs"][1]["lag"]) == (2, lag)
+    assert data["members"][0]["console_url"] == "http://10.0.0.1:8011/console/cluster"
+    assert data["members"][2]["console_url"] is None  # only http(s) URLs become links
+    status, page = await console.get("/console/cluster")
+    assert status == 200
+    text = " ".join(re.sub(r"<[^>]+>", " ", page).split())
+    assert "12 records · 3.0 KiB · 1.5 s" in text and 'href="http://10.0.0.2:8011/console/cluster"' in page
+    assert "javascript:alert(1)" in text and 'href="javascript' not in page  # shown as text, never a link
