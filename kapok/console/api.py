@@ -14,7 +14,7 @@ from aiohttp import web
 
 from kapok.console import analytics, figures
 from kapok.console.messages import history_events, message_detail, parse_search, search_page
-from kapok.errors import MessageNotFoundError
+from kapok.errors import NotFoundError
 from kapok.server.keys import SERVICE
 from kapok.server.responses import json_response
 
@@ -61,7 +61,7 @@ async def message_data(request: web.Request) -> dict[str, Any]:
     code = request.match_info["code"]
     msg = service.broker.messages.get(code)
     if msg is None:
-        raise MessageNotFoundError(f"no message with code {code[:40]!r} on this node")
+        raise NotFoundError(f"no message with code {code[:40]!r} on this node")
     data = message_detail(service, msg)
     storage = service.config.storage
     if storage.archive:

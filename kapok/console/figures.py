@@ -25,6 +25,7 @@ from kapok.core.model import Status
 from kapok.core.topics import Group, Topic
 from kapok.server.cluster_view import member_rows
 from kapok.server.keys import SERVICE
+from kapok.server.service import ClientInfo
 
 __all__ = ["clients", "cluster", "config_rows", "disk_usage", "overview", "pair_rows", "topics"]
 
@@ -187,20 +188,38 @@ def topics(app: web.Application) -> dict[str, Any]:
     return {"topics": rows}
 
 
+def _kind(info: ClientInfo) -> str:
+    if info.published and info.subscriptions:
+        return "both"
+    return "producer" if info.published else "consumer" if info.subscriptions else "idle"
+
+
 def clients(app: web.Application) -> dict[str, Any]:
+    """Connections by what they do (the topics they publish to, their subscriptions), and
+    every subscription with its credit, counts and rates (a group's pull leases included)."""
     service = app[SERVICE]
     sampler = app[RATES]
-    connections = [
-        {"kind": c.kind, "id": c.client_id, "topic": c.topic, "address": c.ip, "since": c.since,
-         "protocol": c.protocol}
-        for c in sorted(service.clients.values(), key=lambda c: c.since)
-    ]  # fmt: skip
+    consumers = service.broker.consumers
+    connections, owner = [], {}
+    for info in sorted(service.clients.values(), key=lambda c: c.since):
+        subscribed = sorted({consumers[i].group.topic.name for i in info.subscriptions if i in consumers})
+        owner.update(dict.fromkeys(info.subscriptions, info.client_id))
+        connections.append({
+            "kind": _kind(info),
+            "id": info.client_id,
+            "publishes_to": ", ".join(sorted(info.published)),
+            "subscribed_to": ", ".join(subscribed),
+            "address": info.ip,
+            "since": info.since,
+            "protocol": info.protocol,
+        })  # fmt: skip
     subscriptions = []
-    for c in service.broker.consumers.values():
+    for c in consumers.values():
         deliver, ack = sampler.consumer_rates(c.id)
         subscriptions.append({
             "id": c.id,
             "name": "(pull leases)" if c.is_pull else c.name,
+            "client": owner.get(c.id, ""),
             "topic": c.group.topic.name,
             "group": c.group.name,
             "pattern": c.pattern.source if c.pattern is not None else "",

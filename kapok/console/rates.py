@@ -1,6 +1,6 @@
 """Publish / deliver / ack rates for the console: a small bounded ring of counter samples.
 
-The broker keeps only monotonic counters (``Broker.stats``, per topic published, per
+The broker keeps only monotonic counters (``Broker.stats``, ``Topic.published``, per
 consumer delivered and acked); a rate needs two readings apart in time. ``RateSampler``
 (the driver) reads them every ``SAMPLE_S`` seconds into rings of fixed length: the node
 totals for ``HISTORY`` samples (the Overview chart: ten minutes), the per-topic and
@@ -85,9 +85,10 @@ class RateSampler:
         stats = service.broker.stats
         totals = tuple(getattr(stats, name) for name in TOTALS)
         consumers = {c.id: (c.delivered, c.acked) for c in service.broker.consumers.values()}
+        topics = {name: t.published for name, t in service.broker.topics.items()}
         now = service.now()
         self.totals.append(Sample(now, totals))
-        self.detail.append(Sample(now, totals, dict(stats.by_topic_published), consumers))
+        self.detail.append(Sample(now, totals, topics, consumers))
 
     def rates(self) -> dict[str, float]:
         """Node-wide rates per second over the detail window."""

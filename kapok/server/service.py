@@ -25,7 +25,7 @@ from kapok.config import Config
 from kapok.core.broker import Broker, Draft, Settle
 from kapok.core.model import Consumer, Entry
 from kapok.core.topics import Group
-from kapok.errors import BadRequestError, BrokerError, MessageNotFoundError
+from kapok.errors import BadRequestError, BrokerError, NotFoundError
 from kapok.storage import MemoryStore, Store
 
 __all__ = ["BrokerService", "ClientInfo", "Sink"]
@@ -167,7 +167,7 @@ class BrokerService:
         (attempts 0) with the dead letter's payload, key, priority and producer."""
         msg = self.broker.messages.get(code)
         if msg is None:
-            raise MessageNotFoundError("no message with that code")
+            raise NotFoundError("no message with that code")
         origin = (msg.headers or {}).get("original_topic")
         if not msg.topic.endswith(".dlq") or not origin:
             raise BadRequestError(f"message {code} is not a dead letter (not in a .dlq topic)")

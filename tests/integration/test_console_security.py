@@ -169,6 +169,9 @@ async def test_login_cookie_and_redirects(node: InProcessNode, anonymous: aiohtt
     assert resp.status == 303 and resp.headers["Location"] == "/console/overview"
     cookie = next(c for c in resp.headers.getall("Set-Cookie") if c.startswith("kapok_console_"))
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie
+    async with anonymous.get(node.url + "/console/login?next=/console/clients", allow_redirects=False) as r:
+        assert r.status == 302 and r.headers["Location"] == "/console/clients"  # logged in: goes on
+    anonymous.cookie_jar.clear()
     resp = await b.log_in(KEY, next_path="/console/topics")
     assert resp.headers["Location"] == "/console/topics"
     # A login post without the form's own token (another site's form) is refused.

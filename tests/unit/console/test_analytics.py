@@ -9,7 +9,8 @@ import orjson
 
 from kapok.config import Config, load_config
 from kapok.console.analytics import from_messages, from_summary, last_days, read_summary, summary_path
-from kapok.core.broker import Broker, Draft
+from kapok.core.broker import Broker
+from kapok.core.model import Draft
 
 NOW = datetime(2026, 3, 10, 12, 0, tzinfo=UTC).timestamp()
 DAY = 86400.0
@@ -72,7 +73,7 @@ def test_read_summary_says_why_a_file_is_not_used(tmp_path: Path) -> None:
 
 
 def test_from_messages_counts_held_messages_per_day_and_measures_acks() -> None:
-    broker = Broker(Config.default().mq)
+    broker = Broker(Config.default().mq.settings())
     broker.publish([Draft("t", b"old")], NOW - 2 * DAY)
     broker.publish([Draft("t", b"a"), Draft("t", b"b")], NOW - 10)
     consumer = broker.subscribe("t", now=NOW - 10)

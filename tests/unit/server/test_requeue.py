@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from kapok.config import Config
-from kapok.core.broker import Broker, Draft
-from kapok.core.model import Status
-from kapok.errors import BadRequestError, BrokerError, MessageNotFoundError
+from kapok.core.broker import Broker, Settle
+from kapok.core.model import Draft, Status
+from kapok.errors import BadRequestError, BrokerError, NotFoundError
 from kapok.server.service import BrokerService
 from kapok.testing.clock import ManualClock
 
@@ -15,7 +15,7 @@ T0 = 1_700_000_000.0
 
 
 def test_finish_settles_every_open_entry_wherever_it_is() -> None:
-    broker = Broker(Config.default().mq, journal=True)
+    broker = Broker(Config.default().mq.settings(), journal=True)
     (queued,) = broker.publish([Draft("t", b"q")], T0)
     (delayed,) = broker.publish([Draft("t", b"d", delay_s=60)], T0)
     consumer = broker.subscribe("t", now=T0, prefetch=1)
@@ -49,20 +49,22 @@ async def test_requeue_republishes_to_the_original_topic_and_settles_the_dead_le
     try:
         (code,) = service.publish([Draft("jobs", b"work", key="k.1", priority=7)])[0]
         (lease,) = await service.pull("jobs", None, 1, 30.0, 0.0)
-        service.settle_in_group("jobs", None, [code], "reject")
+        service.settle_in_group("jobs", None, [code], Settle.REJECT)
         (dead,) = [m for m in service.broker.messages.values() if m.topic == "jobs.dlq"]
         assert dead.headers and dead.headers["original_topic"] == "jobs"
+        assert service.broker.topics["jobs.dlq"].published == 1  # counted for the console's rates
         new_code, durable = service.requeue_dead_letter(dead.code)
         assert durable is None  # a memory store confirms at once
         again = service.broker.messages[new_code]
         assert (again.topic, again.data, again.key, again.priority) == ("jobs", b"work", "k.1", 7)
         assert again.status is Status.READY and again.attempts == 0
+        assert service.broker.topics["jobs"].published == 2
         assert dead.status is Status.CONSUMED and not dead.live
         with pytest.raises(BrokerError, match="already settled"):
             service.requeue_dead_letter(dead.code)
         with pytest.raises(BadRequestError, match="not a dead letter"):
             service.requeue_dead_letter(new_code)
-        with pytest.raises(MessageNotFoundError):
+        with pytest.raises(NotFoundError):
             service.requeue_dead_letter("0" * 32)
         assert lease.msg.code == code
     finally:

@@ -5,14 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from kapok.config import Config
-from kapok.core.broker import Broker, Draft
+from kapok.core.broker import Broker
+from kapok.core.model import Draft
 from kapok.server.search import MessageQuery, search_messages
 
 T0 = 1_700_000_000.0
 
 
 def broker_with_messages() -> tuple[Broker, list[str]]:
-    broker = Broker(Config.default().mq)
+    broker = Broker(Config.default().mq.settings())
     codes = [broker.publish([Draft("a" if i % 2 else "b", f"m{i}".encode())], T0 + i)[0] for i in range(10)]
     broker.publish([Draft("c", b"later", delay_s=100)], T0 + 20)
     return broker, codes
