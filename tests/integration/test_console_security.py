@@ -204,3 +204,16 @@ async def test_logout_ends_the_session(node: InProcessNode, browser: Browser) ->
     status, _ = await browser.post("/console/logout", csrf=browser.csrf)
     assert status == 303
     assert (await browser.get("/console/api/overview"))[0] == 401
+
+
+async def test_a_disabled_console_serves_nothing(
+    aiohttp_server: Callable[..., Awaitable[TestServer]], tmp_path: Path, anonymous: aiohttp.ClientSession
+) -> None:
+    app = make_app(config(tmp_path, "console.enabled=false"))
+    node = InProcessNode(await aiohttp_server(app, host="127.0.0.1", port=0), app)
+    assert console_routes(app) == []
+    for path in ("/", "/console/login", "/console/overview", "/console/static/console.css"):
+        async with anonymous.get(node.url + path, allow_redirects=False) as resp:
+            assert resp.status == 404, path
+    async with anonymous.get(node.url + "/health") as resp:
+        assert resp.status == 200
