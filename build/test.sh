@@ -5,17 +5,19 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-# --- system packages (for later test layers) -------------------------------------------
-# The browser tests need a Chromium and the analytics tests a JDK for PySpark. Uncomment
-# when those layers land; apt runs only when something is missing.
-# missing=()
-# command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || missing+=(chromium)
+# --- system packages ---------------------------------------------------------------------
+# The browser tests (tests/browser) drive Debian's Chromium (and a font, so that their
+# screenshots are legible) through Playwright, which never downloads a browser of its own;
+# the analytics tests will need a JDK for PySpark (uncomment its line when that layer
+# lands). apt runs only when something is missing.
+missing=()
+command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || missing+=(chromium fonts-dejavu-core)
 # command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
-# if ((${#missing[@]})); then
-#     sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-#     $sudo apt-get update -qq
-#     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
-# fi
+if ((${#missing[@]})); then
+    sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
 
 # --- Python environment ----------------------------------------------------------------
 python=${PYTHON:-python3}

@@ -35,6 +35,7 @@ from kapok.errors import ConfigError
 __all__ = [
     "ClusterConfig",
     "Config",
+    "ConsoleConfig",
     "FrozenMap",
     "GossipTuning",
     "LogConfig",
@@ -46,6 +47,7 @@ __all__ = [
     "env_var_name",
     "is_loopback",
     "load_config",
+    "public_dict",
     "validate_config",
 ]
 
@@ -98,6 +100,11 @@ def _opt(
     return field(default=default, metadata={k: v for k, v in meta.items() if v is not None})
 
 
+def _secret(default: T) -> T:
+    """A field whose value is never shown (the console's effective config, ``public_dict``)."""
+    return field(default=default, metadata={"secret": True})
+
+
 # Constraints shared by an mq default and its per-topic override.
 _PUSH_TYPES = (1, 2)
 _OVERFLOW = ("reject", "drop_oldest")
@@ -141,7 +148,7 @@ class TopicOverride:
 
 @dataclass(frozen=True, slots=True)
 class MqConfig:
-    secret_key: str = DEFAULT_SECRET_KEY  # shared key for producers, consumers, console and sync
+    secret_key: str = _secret(DEFAULT_SECRET_KEY)  # shared key for producers, consumers, console and sync
     push_type: int = _opt(1, choices=_PUSH_TYPES)  # default topic mode: 1 = p2p, 2 = pub/sub
     ack_timeout_s: float = _opt(60.0, gt=0)  # seconds before an unacked delivery is retried
     max_deliveries: int = _opt(5, lo=0)  # attempts before dead-lettering to <topic>.dlq, 0 = unlimited
@@ -231,7 +238,7 @@ class ClusterConfig:
     bind: str = "127.0.0.1:8021"  # gossip address, host:port (UDP, and TCP for state exchange)
     advertise: str = ""  # host:port others reach us at; empty = bind
     seeds: tuple[str, ...] = ()  # host:port gossip addresses to join through
-    secret: tuple[str, ...] = ()  # gossip HMAC keys: the first signs, all are accepted (rotation)
+    secret: tuple[str, ...] = _secret(())  # gossip HMAC keys: the first signs, all are accepted (rotation)
     profile: str = _opt("lan", choices=("lan", "fast"))  # timing profile: lan, or fast (tests, demos)
     tuning: GossipTuning = field(default_factory=GossipTuning)  # per-timing overrides of the profile
 
@@ -248,6 +255,14 @@ class ReplicationConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ConsoleConfig:
+    enabled: bool = True  # serve the web console at / and /console/
+    session_idle_s: float = _opt(8 * 3600.0, gt=0)  # a console login ends after this long unused
+    refresh_s: float = _opt(5.0, gt=0)  # default refresh period of the console's live figures
+    analytics_dir: str = ""  # where the analytics job's summary.json is; empty = <storage.dir>/analytics
+
+
+@dataclass(frozen=True, slots=True)
 class LogConfig:
     level: str = _opt("info", choices=("debug", "info", "warning", "error"))  # least severe level logged
 
@@ -259,6 +274,7 @@ class Config:
     storage: StorageConfig = field(default_factory=StorageConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
+    console: ConsoleConfig = field(default_factory=ConsoleConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     @classmethod
@@ -513,6 +529,20 @@ def _show(value: object) -> str:
     if isinstance(value, dict | list):
         return f"a {type(value).__name__} ({value!r})"
     return repr(value)
+
+
+def public_dict(config: Config) -> dict[str, Any]:
+    """``to_dict`` with every secret field (``mq.secret_key``, ``cluster.secret``) masked."""
+
+    def walk(obj: object) -> object:
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            return {
+                f.name: "(hidden)" if f.metadata.get("secret") else walk(getattr(obj, f.name))
+                for f in dataclasses.fields(obj)
+            }
+        return _plain(obj)
+
+    return typing.cast("dict[str, Any]", walk(config))
 
 
 def _plain(obj: object) -> object:

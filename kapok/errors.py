@@ -12,6 +12,7 @@ compatibility routes), and the client maps ``code`` back to the same class::
      │         ├── UnknownOpError     a frame with an ``op`` nobody knows
      │         └── MessageTooLargeError
      ├── AuthError                    missing or wrong secret key
+     │    └── CsrfError               a console form without its session's CSRF token
      ├── TooManyConnectionsError      server.max_connections reached
      ├── BrokerError
      │    ├── QueueFullError          topic over max_length / max_bytes (policy reject)
@@ -37,6 +38,7 @@ __all__ = [
     "BadRequestError",
     "BrokerError",
     "ConfigError",
+    "CsrfError",
     "FencedError",
     "KapokError",
     "MessageTooLargeError",
@@ -97,6 +99,11 @@ class MessageTooLargeError(BadRequestError):
 class AuthError(KapokError):
     code = "unauthorized"
     http_status = 401
+
+
+class CsrfError(AuthError):
+    code = "csrf_failed"
+    http_status = 403
 
 
 class TooManyConnectionsError(KapokError):

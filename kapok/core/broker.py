@@ -204,8 +204,10 @@ class Broker:
                     self.stats.duplicates += 1
                     code = out[slot] if isinstance(slot, int) else slot
                 out.append(code)
-        for name in admitted.per_topic:
-            self._enforce_limits(topics[name], now)
+        for name, count in admitted.per_topic.items():
+            topic = topics[name]
+            topic.published += count
+            self._enforce_limits(topic, now)
         self._dispatch(now)
         return out
 
@@ -509,6 +511,17 @@ class Broker:
         self._dispatch(now)
         return True
 
+    def finish(self, code: str, reason: str, now: float) -> bool:
+        """Settle every open entry of a live message as consumed, wherever it is (queued,
+        delayed or in flight); the console's requeue from a DLQ settles the dead letter it
+        published again. False: no live message with that code."""
+        msg = self.messages.get(code)
+        if msg is None or not msg.live:
+            return False
+        self._end_message(msg, Status.CONSUMED, reason, now)
+        self._dispatch(now)
+        return True
+
     # ------------------------------------------------------------ time
 
     def tick(self, now: float) -> None:
@@ -685,6 +698,7 @@ class Broker:
         dlq = self.topics.get(dlq_name) or self._make_topic(dlq_name)
         draft = Draft(dlq.name, msg.data, msg.key, msg.priority, producer_id=msg.producer_id)
         self._store(dlq, draft, headers, now, code_prefix(int(now * 1000), self.node_id))
+        dlq.published += 1
 
     def _finish(self, entry: Entry, status: Status, reason: str, now: float) -> None:
         entry.status = status

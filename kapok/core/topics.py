@@ -228,6 +228,7 @@ class Topic:
         "live_count",
         "name",
         "order",
+        "published",
     )
 
     def __init__(self, name: str, cfg: TopicSettings) -> None:
@@ -237,6 +238,7 @@ class Topic:
         self.live_count = 0  # messages not yet finished
         self.live_bytes = 0
         self.delayed_count = 0
+        self.published = 0  # messages stored since start (dead letters into a .dlq included): rates
         # Publish order, kept only for drop_oldest (other topics never read it,
         # and it would pin every message ever published); finished messages are
         # skipped lazily and the deque is compacted when mostly stale.

@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator
 
 from aiohttp import WSCloseCode, web
 
-from kapok import __version__
 from kapok.clock import Clock
 from kapok.cluster.messages import NodeMeta
 from kapok.cluster.node import GossipNode
 from kapok.config import Config
+from kapok.console import setup_console
 from kapok.replication.node import ReplicationNode
 from kapok.server import cluster_view, compat, compat_console, ops, sync, v1_http, v1_ws
 from kapok.server.keys import CONFIG, CONNECTIONS, GOSSIP, REGISTRY, REPLICATION, SERVICE, OpenSockets
@@ -40,17 +40,6 @@ async def _close_connections(app: web.Application, reason: str = "node shutting 
         await ws.close(code=WSCloseCode.GOING_AWAY, message=reason.encode()[:120])
 
 
-async def _index(request: web.Request) -> web.Response:
-    # The console (its own issue) replaces this page.
-    service = request.app[SERVICE]
-    body = (
-        f"<!doctype html><title>Kapok {__version__}</title><h1>Kapok node {service.node_name}</h1>"
-        '<p><a href="/health">health</a> · <a href="/metrics">metrics</a> · '
-        '<a href="/cluster/nodes">cluster</a></p>'
-    )
-    return web.Response(text=body, content_type="text/html")
-
-
 def make_app(config: Config, *, store: Store | None = None, clock: Clock | None = None) -> web.Application:
     max_body = frame_limit(config.mq.max_message_bytes, config.server.max_batch)
     app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=max_body)
@@ -74,8 +63,8 @@ def make_app(config: Config, *, store: Store | None = None, clock: Clock | None 
     )
     app.cleanup_ctx.append(sync.replication_ctx)  # after gossip: the first role may depend on it
     app.on_shutdown.append(_close_connections)
-    app.router.add_get("/", _index)
     for table in (compat.routes, compat_console.routes, v1_ws.routes, v1_http.routes, ops.routes,
                   cluster_view.routes, sync.routes):
         app.add_routes(table)
+    setup_console(app)  # GET / and /console/...
     return app

@@ -16,13 +16,13 @@ from typing import Any
 from aiohttp import web
 
 from kapok.config import Config
-from kapok.core.model import Message
 from kapok.errors import BadRequestError
 from kapok.server.auth import KEY_ERROR, key_matches
 from kapok.server.cluster_view import compat_nodes
 from kapok.server.codec import compat_message
 from kapok.server.keys import SERVICE
-from kapok.server.responses import json_response, read_form
+from kapok.server.responses import int_field, json_response, read_form
+from kapok.server.search import MessageQuery, search_messages
 from kapok.server.service import BrokerService
 
 __all__ = ["routes"]
@@ -133,47 +133,26 @@ def _parse_date(text: str, name: str) -> float | None:
         raise BadRequestError(f"{name} must look like 2022-02-05 00:00:00") from None
 
 
-def _int_field(form: dict[str, str], name: str, default: int, lo: int, hi: int) -> int:
-    text = form.get(name, "")
-    if not text:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise BadRequestError(f"{name} must be an integer") from None
-    if not lo <= value <= hi:
-        raise BadRequestError(f"{name} must be between {lo} and {hi}")
-    return value
-
-
 @_console("/Console/GetMessageList")
 async def get_message_list(request: web.Request, service: BrokerService) -> Any:
     form = await read_form(request)
     start = _parse_date(form.get("startTime", ""), "startTime")
     end = _parse_date(form.get("endTime", ""), "endTime")
-    status = _int_field(form, "status", 3, -1, 3)
+    status = int_field(form, "status", 3, -1, 3)
     if status == 2:
         raise BadRequestError("status must be -1, 0, 1 or 3 (all)")
-    page = _int_field(form, "page", 1, 1, 1_000_000)
-    size = _int_field(form, "pageSize", MAX_PAGE, 1, MAX_PAGE)
-    topic = form.get("topic", "")
+    page = int_field(form, "page", 1, 1, 1_000_000)
+    size = int_field(form, "pageSize", MAX_PAGE, 1, MAX_PAGE)
+    query = MessageQuery(topic=form.get("topic", ""), wire_status=None if status == 3 else status,
+                         start=start, end=end)  # fmt: skip
     now = service.now()
-    found: list[Message] = []
-    for msg in service.broker.iter_messages():
-        if topic and msg.topic != topic:
-            continue
-        if (start is not None and msg.create_time < start) or (end is not None and msg.create_time > end):
-            continue
-        if status != 3 and msg.wire_status(now) != status:
-            continue
-        found.append(msg)
-    found.sort(key=lambda m: m.code, reverse=True)  # codes sort by creation time
+    found = search_messages(service.broker.messages, query, now, page, size)
     rows = []
-    for msg in found[(page - 1) * size : page * size]:
+    for msg in found.messages:
         row = compat_message(msg, now)
         row["MessageData"] = ""  # as in KapokMQ: the list carries no payloads
         rows.append(row)
-    return {"code": 0, "data": rows, "total": len(found)}
+    return {"code": 0, "data": rows, "total": found.total}
 
 
 @_console("/Console/GetMessage")

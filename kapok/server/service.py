@@ -26,6 +26,7 @@ from kapok.config import Config
 from kapok.core.broker import Broker, Draft, Settle
 from kapok.core.model import Consumer, Entry
 from kapok.core.topics import Group
+from kapok.errors import BadRequestError, BrokerError, NotFoundError
 from kapok.storage import MemoryStore, Store
 
 __all__ = ["BrokerService", "ClientInfo", "Sink"]
@@ -147,10 +148,12 @@ class BrokerService:
         if self.gate is not None:
             self.gate(True)
         codes = self.broker.publish(drafts, self.now())
+        return codes, self._confirmed()
+
+    def _confirmed(self) -> asyncio.Future[None] | None:
+        """Settle the outputs of a write; what its producer's confirmation must wait for."""
         durable = self._settle()
-        if self.confirm is not None:
-            durable = self.confirm(durable)
-        return codes, durable
+        return durable if self.confirm is None else self.confirm(durable)
 
     def check_active(self) -> None:
         """Raise when this node takes no clients now (see ``gate``)."""
@@ -199,6 +202,27 @@ class BrokerService:
         found = self.broker.delete(code, self.now())
         self._settle()
         return found
+
+    def requeue_dead_letter(self, code: str) -> tuple[str, asyncio.Future[None] | None]:
+        """Publish a dead letter again to the topic it died in (its ``original_topic``
+        header) and settle it in its DLQ, in one journal batch; returns the new message's
+        code and what to await before confirming. The republished message starts afresh
+        (attempts 0) with the dead letter's payload, key, priority and producer."""
+        if self.gate is not None:
+            self.gate(True)
+        msg = self.broker.messages.get(code)
+        if msg is None:
+            raise NotFoundError("no message with that code")
+        origin = (msg.headers or {}).get("original_topic")
+        if not msg.topic.endswith(".dlq") or not origin:
+            raise BadRequestError(f"message {code} is not a dead letter (not in a .dlq topic)")
+        if not msg.live:
+            raise BrokerError(f"dead letter {code} is already settled")
+        now = self.now()
+        draft = Draft(origin, msg.data, msg.key, msg.priority, producer_id=msg.producer_id)
+        (new_code,) = self.broker.publish([draft], now)  # raises (queue_full...) before anything changes
+        self.broker.finish(code, "requeued", now)
+        return new_code, self._confirmed()
 
     async def pull(
         self, topic: str, group: str | None, max_n: int, lease_s: float, wait_s: float

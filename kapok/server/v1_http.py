@@ -23,7 +23,7 @@ from kapok.server.codec import (
     message_json,
 )
 from kapok.server.keys import SERVICE
-from kapok.server.responses import json_response
+from kapok.server.responses import json_response, number_field
 
 __all__ = ["routes", "topic_stats"]
 
@@ -58,16 +58,7 @@ async def publish(request: web.Request) -> web.Response:
 
 
 def _query_number(request: web.Request, name: str, default: float, lo: float, hi: float) -> float:
-    text = request.query.get(name)
-    if text is None:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise BadRequestError(f"query parameter {name!r} must be a number, got {text!r}") from None
-    if not lo <= value <= hi:
-        raise BadRequestError(f"query parameter {name!r} must be between {lo:g} and {hi:g}")
-    return value
+    return number_field(request.query, name, default, lo, hi, what=f"query parameter {name!r}")
 
 
 @routes.get("/v1/topics/{topic}/messages")
@@ -178,3 +169,13 @@ async def delete_message(request: web.Request) -> web.Response:
     if not service.delete(code):
         raise NotFoundError("no message with that code")
     return json_response({"deleted": code})
+
+
+@routes.post("/v1/messages/{code}/requeue")
+async def requeue_dead_letter(request: web.Request) -> web.Response:
+    """Publish a dead letter (a message of a ``.dlq`` topic) again to its original topic."""
+    service = request.app[SERVICE]
+    code, durable = service.requeue_dead_letter(request.match_info["code"])
+    if durable is not None:
+        await durable
+    return json_response({"code": code, "requeued": request.match_info["code"]})

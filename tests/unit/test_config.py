@@ -25,6 +25,7 @@ from kapok.config import (
     env_var_name,
     is_loopback,
     load_config,
+    public_dict,
     validate_config,
 )
 from kapok.core.settings import TopicSettings
@@ -108,6 +109,10 @@ EXPECTED_DEFAULTS = {
     "replication.sync_timeout_ms": 1000,
     "replication.backlog_bytes": 67108864,
     "replication.give_back": True,
+    "console.enabled": True,
+    "console.session_idle_s": 8 * 3600.0,
+    "console.refresh_s": 5.0,
+    "console.analytics_dir": "",
     "log.level": "info",
 }
 
@@ -597,3 +602,11 @@ def test_tuning_that_breaks_a_protocol_rule_is_a_config_error() -> None:
 def test_every_tuning_key_is_a_protocol_timing() -> None:
     names = {f.name for f in dataclasses.fields(SwimConfig)}
     assert {f.name for f in dataclasses.fields(GossipTuning)} <= names
+
+
+def test_public_dict_hides_every_secret() -> None:
+    cfg = load_config(None, overrides=["mq.secret_key=s3cr3t", "cluster.secret=[k1, k2]"], env={})
+    shown = public_dict(cfg)
+    assert shown["mq"]["secret_key"] == "(hidden)" and shown["cluster"]["secret"] == "(hidden)"
+    assert "s3cr3t" not in repr(shown) and "k1" not in repr(shown)
+    assert shown["server"] == cfg.to_dict()["server"]  # everything else as it is

@@ -1,0 +1,63 @@
+"""The web console: server-rendered pages over the node's own state, at ``/`` and ``/console/``.
+
+``setup_console(app)`` is all ``make_app`` calls. The parts:
+
+* ``session``: login with the secret key, session cookies, CSRF tokens, and the guard
+  middleware that keeps every console path behind a login;
+* ``views``: the pages (Jinja2 templates and static files from the top-level ``view/``
+  folder, shipped in the wheel as ``kapok/view``) and the form actions;
+* ``api``: the JSON under ``/console/api/`` the pages refresh from;
+* ``figures``, ``messages``, ``analytics``: what the pages show, built from the same
+  service and broker state the HTTP API reads;
+* ``rates``: the ring of counter samples that publish / deliver / ack rates come from.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp_jinja2
+import jinja2
+from aiohttp import web
+
+from kapok.console import api, views
+from kapok.console.format import FILTERS
+from kapok.console.rates import RATES, RateSampler, rates_ctx
+from kapok.console.session import SESSIONS, LoginThrottle, Sessions, console_guard
+from kapok.server.keys import SERVICE
+
+__all__ = ["setup_console", "view_dir"]
+
+
+def view_dir() -> Path:
+    """``view/``: inside the installed package (a wheel), else at the repository root."""
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "view", package.parent / "view"):
+        if (candidate / "templates").is_dir():
+            return candidate
+    raise FileNotFoundError(f"the console's view/ folder is missing (looked in {package} and its parent)")
+
+
+def setup_console(app: web.Application) -> None:
+    """Add the console's routes, middleware and sampler to ``app`` (when ``console.enabled``)."""
+    service = app[SERVICE]
+    cfg = service.config.console
+    if not cfg.enabled:
+        return
+    folder = view_dir()
+    env = aiohttp_jinja2.setup(
+        app,
+        loader=jinja2.FileSystemLoader(folder / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        filters=FILTERS,
+    )
+    env.trim_blocks = env.lstrip_blocks = True
+    app[SESSIONS] = Sessions(service.node_name, cfg.session_idle_s, service.now)
+    app[views.THROTTLE] = LoginThrottle(service.now)
+    app[RATES] = RateSampler(service)
+    app.cleanup_ctx.append(rates_ctx)
+    app.middlewares.append(console_guard)
+    app.add_routes(views.routes)
+    app.add_routes(api.routes)
+    app.router.add_static("/console/static/", folder / "static", name="static", append_version=True)
