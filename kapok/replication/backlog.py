@@ -70,9 +70,10 @@ class Backlog:
         return i < len(self._firsts) and self._firsts[i] == lsn
 
     def since(self, lsn: int, limit: int = 64) -> list[Batch]:
-        """Up to ``limit`` batches from ``lsn`` on; [] at the end. ``KeyError`` when ``lsn``
-        has left the backlog (or is not a batch boundary)."""
-        if lsn == self.next_lsn:
+        """Up to ``limit`` batches from ``lsn`` on; [] at the end or past it (records the WAL
+        has not encoded yet). ``KeyError`` when ``lsn`` has left the backlog (or is not a
+        batch boundary)."""
+        if lsn >= self.next_lsn:
             return []
         i = bisect.bisect_left(self._firsts, lsn)
         if i >= len(self._firsts) or self._firsts[i] != lsn:

@@ -44,37 +44,30 @@ def test_second_node_appears_and_turns_dead(page: Page, console: Any, tmp_path: 
         second.stop()
 
 
-def test_pairs_and_replication_lag_render_live(page: Page, console: Any) -> None:
-    """Replication is not in this node yet: the live refresh is fed the rows it will report
-    (pair, epoch, lag) and must draw the pair side by side with its lag."""
+def test_a_real_pair_shows_side_by_side_with_its_epoch_and_lag(
+    page: Page, console: Any, tmp_path: Path
+) -> None:
+    """A real slave follows this module's node: the Cluster page draws the pair, its epoch
+    and the slave's lag, live. (Last in the module: it pairs the node, then unpairs it.)"""
     page.click("nav >> text=Cluster")
-    page.select_option("#refresh", "0")  # paused, so the node's own view does not come back
-    master = {"name": "m1", "http_url": "http://10.0.0.1:8011", "state": "alive", "role": "master",
-              "console_url": "http://10.0.0.1:8011/console/cluster", "active": True, "incarnation": 3,
-              "load": 12.0}  # fmt: skip
-    slave = {**master, "name": "s1", "http_url": "http://10.0.0.2:8011", "state": "suspect", "role": "slave",
-             "console_url": "http://10.0.0.2:8011/console/cluster", "active": False, "load": 0.0}  # fmt: skip
-    lag = {"records": 1200, "bytes": 5 * 1024**2, "seconds": 2.5}
-    data = {
-        "states": {"alive": 1, "suspect": 1, "dead": 0, "left": 0},
-        "pairs": [{"master": master, "slave": slave, "epoch": 7, "lag": lag}],
-        "members": [
-            {**master, "pair": "s1", "epoch": 7, "lag": None, "self": True, "gossip_addr": "10.0.0.1:8021",
-             "version": "0.2.0"},
-            {**slave, "pair": "m1", "epoch": 7, "lag": lag, "self": False, "gossip_addr": "10.0.0.2:8021",
-             "version": "0.2.0"},
-        ],
-    }  # fmt: skip
-    page.evaluate("data => Kapok.fill(document.querySelector('main'), data)", data)
-    pair = page.locator(".pair")
-    expect(pair).to_have_count(1)
-    expect(pair.locator(".member.is-alive .name")).to_have_text("m1")
-    expect(pair.locator(".member.is-suspect .name")).to_have_text("s1")
-    expect(pair.locator(".link")).to_contain_text("epoch 7")
-    expect(pair.locator(".link")).to_contain_text("1,200 records · 5.0 MiB · 2.5 s")
-    rows = page.locator("#members tbody tr")
-    lags = rows.locator("td[data-label='Replication lag']")
-    expect(lags.nth(1)).to_have_text("1,200 records · 5.0 MiB · 2.5 s", use_inner_text=True)
-    expect(lags.nth(0)).to_have_text("—", use_inner_text=True)
-    expect(rows.nth(1).locator("td a").first).to_have_attribute("href", "http://10.0.0.2:8011/console/cluster")
-    console.screenshot(page, "cluster_pairs_with_lag")
+    master = console.node
+    slave = start_node(
+        tmp_path / "slave",
+        *cluster_sets("fast", [master.gossip_addr]),
+        f"mq.secret_key={console.key}",
+        "server.name=slave-1",
+        "replication.role=slave",
+        f"replication.master={master.url}",
+    )
+    try:
+        pair = page.locator(".pair", has=page.locator(".name", has_text="slave-1"))
+        expect(pair).to_have_count(1, timeout=GOSSIP_S)
+        expect(pair.locator(".link")).to_contain_text("epoch 1", timeout=GOSSIP_S)
+        expect(pair.locator(".link")).to_contain_text("records", timeout=GOSSIP_S)
+        rows = page.locator("#members tbody tr", has=page.locator("td a", has_text="slave-1"))
+        expect(rows.locator(".badge[data-k=state]")).to_have_text("alive")
+        expect(rows.locator("td[data-label='Replication lag']")).to_contain_text("records", timeout=GOSSIP_S)
+        console.screenshot(page, "cluster_pair_live")
+    finally:
+        slave.stop()
+        console.api("POST", "/replication/unpair")

@@ -1,0 +1,128 @@
+"""The pair's state table and epoch arithmetic, as tables."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from kapok.errors import ReplicationError
+from kapok.replication.protocol import (
+    Action,
+    Facts,
+    Role,
+    assess,
+    decode_control,
+    decode_records,
+    encode_control,
+    encode_records,
+    end_of_epoch,
+    history_from_json,
+    shared_end,
+)
+
+FOLLOWING = Facts(
+    role=Role.FOLLOWER, epoch=1, paired=True, link_up=True, link_silent_s=0.1, failover_timeout_s=3.0,
+    gossip=True, partner_alive=True, partner_epoch=1, partner_active=True, members_alive=2, members_total=2,
+)  # fmt: skip
+LEADING = replace(FOLLOWING, role=Role.LEADER, partner_active=False)
+
+
+@pytest.mark.parametrize(
+    ("facts", "action"),
+    [
+        (FOLLOWING, Action.NONE),
+        # A silent link alone is not a dead master: gossip must agree.
+        (replace(FOLLOWING, link_up=False, link_silent_s=5.0), Action.NONE),
+        (replace(FOLLOWING, link_up=False, link_silent_s=5.0, partner_alive=False), Action.TAKE_OVER),
+        # Gossip says dead but the link was heard recently: not yet.
+        (replace(FOLLOWING, link_silent_s=1.0, partner_alive=False), Action.NONE),
+        # Without gossip the link decides alone.
+        (replace(FOLLOWING, link_up=False, link_silent_s=5.0, gossip=False), Action.TAKE_OVER),
+        # A slave that never had its master has nothing to take over with.
+        (replace(FOLLOWING, paired=False, link_silent_s=9.0, partner_alive=False), Action.NONE),
+        (LEADING, Action.NONE),
+        # Cut off from the slave and from most of the cluster: fence.
+        (replace(LEADING, link_up=False, link_silent_s=5.0, members_alive=1, members_total=3), Action.FENCE),
+        # Cut off from the slave but the majority is there: keep going.
+        (replace(LEADING, link_up=False, link_silent_s=5.0, members_alive=2, members_total=3), Action.NONE),
+        # One pair and no witness: a cut cannot be told from a crash, so no fencing (README).
+        (replace(LEADING, link_up=False, link_silent_s=5.0, members_alive=1, members_total=2), Action.NONE),
+        (
+            replace(LEADING, role=Role.FENCED, link_silent_s=5.0, members_alive=1, members_total=3),
+            Action.NONE,
+        ),
+        (
+            replace(LEADING, role=Role.FENCED, link_silent_s=0.2, members_alive=1, members_total=3),
+            Action.UNFENCE,
+        ),
+        (
+            replace(LEADING, role=Role.FENCED, link_silent_s=5.0, members_alive=2, members_total=3),
+            Action.UNFENCE,
+        ),
+        # A higher epoch leads, always: from a leader, a fenced leader, one handing over.
+        (replace(LEADING, partner_epoch=2, partner_active=True), Action.STEP_DOWN),
+        (replace(LEADING, role=Role.FENCED, partner_epoch=2, partner_active=True), Action.STEP_DOWN),
+        (replace(LEADING, partner_epoch=2, partner_active=False), Action.NONE),
+        (replace(LEADING, partner_epoch=1, partner_active=True), Action.NONE),
+        (replace(LEADING, give_back=True, partner_caught_up=True), Action.GIVE_BACK),
+        (replace(LEADING, give_back=True, partner_caught_up=False), Action.NONE),
+        (replace(LEADING, give_back=True, partner_caught_up=True, link_up=False), Action.NONE),
+    ],
+)
+def test_the_state_table(facts: Facts, action: Action) -> None:
+    assert assess(facts) is action
+
+
+@pytest.mark.parametrize(
+    ("follower", "follower_end", "leader", "leader_end", "shared"),
+    [
+        (((1, 0),), 100, ((1, 0),), 150, 100),  # a slave behind its master: all of it is shared
+        (((1, 0),), 150, ((1, 0),), 100, 100),  # a slave ahead of a master that lost its tail
+        # The old master comes back: it wrote to 180 in epoch 1, its slave took over at 120.
+        (((1, 0),), 180, ((1, 0), (2, 120)), 300, 120),
+        (((1, 0),), 100, ((1, 0), (2, 120)), 300, 100),  # it had less than the slave: a prefix
+        # A node that led epoch 2 meets one that led epoch 3 from 200.
+        (((1, 0), (2, 120)), 250, ((1, 0), (2, 120), (3, 200)), 400, 200),
+        (((1, 0), (2, 120)), 150, ((1, 0), (2, 120), (3, 200)), 400, 150),
+        (((5, 0),), 50, ((1, 0),), 100, 0),  # no epoch in common
+    ],
+)
+def test_shared_end(
+    follower: tuple[tuple[int, int], ...], follower_end: int, leader: tuple[tuple[int, int], ...],
+    leader_end: int, shared: int,
+) -> None:  # fmt: skip
+    assert shared_end(follower, follower_end, leader, leader_end) == shared
+
+
+def test_end_of_epoch() -> None:
+    history = ((1, 0), (2, 120), (4, 300))
+    assert end_of_epoch(history, 1, 500) == 120
+    assert end_of_epoch(history, 2, 500) == 300
+    assert end_of_epoch(history, 4, 500) == 500
+    assert end_of_epoch(history, 3, 500) is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [None, [], [[1]], [[1, 0], [1, 5]], [[2, 10], [3, 5]], [[-1, 0]], [[1, "0"]], "x", [[True, 0]]],
+)
+def test_bad_histories_are_refused(value: object) -> None:
+    with pytest.raises(ReplicationError):
+        history_from_json(value)
+
+
+def test_history_round_trip() -> None:
+    assert history_from_json([[1, 0], [2, 120]]) == ((1, 0), (2, 120))
+
+
+def test_frames() -> None:
+    first, count, payload = decode_records(encode_records(2**40, 3, b"payload"))
+    assert (first, count, bytes(payload)) == (2**40, 3, b"payload")
+    assert decode_control(encode_control("ack", lsn=5)) == {"op": "ack", "lsn": 5}
+    for bad in (b"R", b"S" + b"\0" * 20, encode_records(1, 0, b"")):
+        with pytest.raises(ReplicationError):
+            decode_records(bad)
+    for bad_control in (b"nope", b"[1]", b'{"op": "launch"}', b'{"op": "ack"' + b" " * 70000 + b"}"):
+        with pytest.raises(ReplicationError):
+            decode_control(bad_control)
