@@ -75,7 +75,23 @@ def _build_parser() -> argparse.ArgumentParser:
     nodes.add_argument("--json", action="store_true", help="print the JSON list instead of the table")
     nodes.set_defaults(func=_cmd_cluster_nodes)
 
-    # Planned subcommands register here the same way: produce, consume, local-cluster, analytics.
+    replication = commands.add_parser("replication", help="look at or change a node's master/slave pairing")
+    replication_commands = replication.add_subparsers(
+        dest="replication_command", metavar="COMMAND", required=True, parser_class=_Parser
+    )
+    state = replication_commands.add_parser("state", help="the pair as one node sees it (role, epoch, lag)")
+    state.add_argument("--url", required=True, help="the node's HTTP URL, e.g. http://127.0.0.1:8011")
+    state.set_defaults(func=_cmd_replication, action="state")
+    unpair = replication_commands.add_parser(
+        "unpair", help="make a master forget its slave on purpose (it then confirms writes alone)"
+    )
+    unpair.add_argument("--url", required=True, help="the master's HTTP URL")
+    unpair.add_argument(
+        "--secret",
+        default=os.environ.get("KAPOK_SECRET", "test"),
+        help="the node's mq.secret_key (default: $KAPOK_SECRET, else test)",
+    )
+    unpair.set_defaults(func=_cmd_replication, action="unpair")
     return parser
 
 
@@ -89,6 +105,13 @@ def _bench_options(command: argparse.ArgumentParser) -> None:
     )
     add("--protocol", default="native", help="native, kapokmq or both (default native)")
     add("--fsync", default="always", help="storage.fsync of the started nodes: always, interval, never, all")
+    add(
+        "--replica",
+        action="append",
+        metavar="MODE",
+        help="none, async, sync or all: run each case with no slave, or a slave in that replication mode "
+        "started beside the node (repeatable; default none)",
+    )
     add("--url", help="target this running node (http://host:port) instead of starting one per case")
     add("--node-pid", type=int, help="with --url: the node's local PID, to read its CPU and RSS")
     add("--key", default="test", help="the node's mq.secret_key (default test)")
@@ -178,6 +201,19 @@ def _cmd_cluster_nodes(args: argparse.Namespace) -> int:
 
     rows = fetch_nodes(args.seed)
     print(json.dumps(rows, indent=2) if args.json else nodes_table(rows))
+    return 0
+
+
+def _cmd_replication(args: argparse.Namespace) -> int:
+    import json
+
+    from kapok.cluster.show import fetch_json
+
+    if args.action == "unpair":
+        state = fetch_json(args.url, "/replication/unpair", method="POST", key=args.secret)
+    else:
+        state = fetch_json(args.url, "/replication/state")
+    print(json.dumps(state, indent=2))
     return 0
 
 

@@ -21,6 +21,7 @@ __all__ = ["options_from_args", "run_command"]
 
 PROTOCOLS = ("native", "kapokmq")
 FSYNCS = ("always", "interval", "never")
+REPLICAS = ("none", "async", "sync")
 
 
 def _expand(values: list[str] | None, known: tuple[str, ...], default: str, what: str) -> tuple[str, ...]:
@@ -64,7 +65,15 @@ def options_from_args(args: argparse.Namespace) -> Options:
         backlog=args.backlog,
         timeout=args.timeout,
         sets=tuple(args.overrides),
+        replicas=_replicas(args),
     )
+
+
+def _replicas(args: argparse.Namespace) -> tuple[str, ...]:
+    replicas = _expand(args.replica, REPLICAS, "none", "replica")
+    if args.url is not None and replicas != ("none",):
+        raise ConfigError("--replica starts a slave beside a node the bench starts, not with --url")
+    return replicas
 
 
 def _summary(options: Options, date: str) -> str:

@@ -49,6 +49,7 @@ class Options:
     backlog: int = 100_000
     timeout: float = 180.0
     sets: tuple[str, ...] = ()
+    replicas: tuple[str, ...] = ("none",)  # none, async, sync: a slave started beside each node
 
 
 class Progress:

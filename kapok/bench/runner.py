@@ -1,9 +1,12 @@
-"""Run the matrix fsync policy × workload × protocol, one fresh node per case."""
+"""Run the matrix fsync policy × replica × workload × protocol, one fresh node per case
+(and, with a replica mode, a fresh slave following it, caught up before the load starts)."""
 
 from __future__ import annotations
 
+import time
+
 from kapok.bench.harness import CaseFailed, Harness, Options, Progress
-from kapok.bench.nodes import LocalNode, Node, RemoteNode
+from kapok.bench.nodes import LocalNode, Node, RemoteNode, replication_state
 from kapok.bench.report import Row
 from kapok.bench.workloads import WORKLOADS
 
@@ -15,33 +18,67 @@ def run(options: Options, progress: Progress) -> list[Row]:
     rows: list[Row] = []
     fsyncs = options.fsyncs if options.url is None else ("-",)
     for fsync in fsyncs:
-        for workload in options.workloads:
-            for protocol in options.protocols:
-                rows += _case(harness, workload, protocol, fsync)
+        for replica in options.replicas:
+            for workload in options.workloads:
+                for protocol in options.protocols:
+                    rows += _case(harness, workload, protocol, fsync, replica)
     progress.clear()
     return rows
 
 
-def _case(h: Harness, workload: str, protocol: str, fsync: str) -> list[Row]:
+def _case(h: Harness, workload: str, protocol: str, fsync: str, replica: str) -> list[Row]:
     o = h.options
-    label = f"{workload} {protocol} fsync={fsync}"
+    slave_note = "" if replica == "none" else f"{replica} slave"
+    label = f"{workload} {protocol} fsync={fsync}" + (f" ({slave_note})" if slave_note else "")
+    if workload in ("recovery", "backlog") and replica != "none":
+        h.progress.line(f"kapok bench: {label}: skipped (measures one node alone)")
+        return []
     if workload == "recovery" and o.url is not None:
         h.progress.line(f"kapok bench: {label}: skipped (needs a node the bench starts, not --url)")
         return []
     h.begin(label)
     node: Node | None = None
+    slave: LocalNode | None = None
     try:
-        node = RemoteNode(o.url, o.node_pid) if o.url is not None else LocalNode(fsync, h.node_sets())
+        if o.url is not None:
+            node = RemoteNode(o.url, o.node_pid)
+        else:
+            mode = [] if replica == "none" else [f"replication.mode={replica}"]
+            node = LocalNode(fsync, [*h.node_sets(), *mode])
+            if replica != "none":
+                slave = _start_slave(h, node, fsync, replica)
         rows = WORKLOADS[workload](h, node, protocol)
     except Exception as exc:  # one failed case is a row, the others still run
         message = str(exc) if isinstance(exc, CaseFailed) else f"{type(exc).__name__}: {exc}"
         message = " ".join(message.split())
         h.progress.line(f"kapok bench: {label}: FAILED: {message}")
-        return [Row(workload=workload, protocol=protocol, fsync=fsync, ok=False, error=message)]
+        failed = Row(workload=workload, protocol=protocol, fsync=fsync, ok=False, error=message)
+        failed.variant = slave_note
+        return [failed]
     finally:
+        if slave is not None:
+            slave.close()
         if node is not None:
             node.close()
+    for row in rows:
+        row.variant = ", ".join(v for v in (row.variant, slave_note) if v)
     for row in rows:
         rate = f"{row.msgs_per_s:,.0f} msg/s" if row.msgs_per_s is not None else row.notes
         h.progress.done(f"kapok bench: {row.label()}: {rate}")
     return rows
+
+
+def _start_slave(h: Harness, master: LocalNode, fsync: str, mode: str) -> LocalNode:
+    """A slave of ``master`` in a fresh directory, caught up before the case's load starts."""
+    sets = [*h.node_sets(), "replication.role=slave", f"replication.master={master.http_url}",
+            f"replication.mode={mode}"]  # fmt: skip
+    slave = LocalNode(fsync, sets)
+    try:
+        while not replication_state(master.http_url).get("link_up"):
+            if time.monotonic() > h.deadline:
+                raise CaseFailed("the slave did not connect to its master")
+            time.sleep(0.05)
+    except BaseException:
+        slave.close()
+        raise
+    return slave

@@ -83,7 +83,9 @@ class _Session:
 
 
 class Leader:
-    def __init__(self, cfg: ReplicationConfig, pair: Pair, *, heartbeat_s: float) -> None:
+    def __init__(
+        self, cfg: ReplicationConfig, pair: Pair, *, heartbeat_s: float, partner_gone: bool = False
+    ) -> None:
         self.cfg = cfg
         self.pair = pair
         self.heartbeat_s = heartbeat_s
@@ -92,9 +94,10 @@ class Leader:
         self.full_transfers = 0
         self.resumes = 0
         self.sync_timeouts = 0
-        # No follower yet: a paired sync master refuses writes until its slave (re)connects,
-        # rather than accept what it could not confirm.
-        self.link_lost_at = -math.inf
+        # No follower yet. After a takeover the partner is known to be gone: a paired sync
+        # master refuses writes at once rather than accept what it cannot confirm. Otherwise
+        # (start-up, a hand-over) the slave is expected within sync_timeout_ms.
+        self.link_lost_at = -math.inf if partner_gone else time.monotonic()
         self._wake = asyncio.Event()
         self._waiters: deque[tuple[int, asyncio.Future[None], float]] = deque()
         self._expiry: asyncio.TimerHandle | None = None
@@ -323,10 +326,10 @@ class Leader:
 
     # ------------------------------------------------------------ hand-over
 
-    async def hand_over(self, timeout_s: float) -> int | None:
+    async def hand_over(self, timeout_s: float) -> tuple[int, int] | None:
         """Give the role to the connected follower: everything logged goes to it, then it is
-        told to take over at the next epoch. Returns that epoch once the follower confirms,
-        None when it did not (the caller stays the leader)."""
+        told to take over at the next epoch. Returns that epoch and the LSN it starts at once
+        the follower confirms, None when it did not (the caller stays the leader)."""
         session = self.session
         if session is None:
             return None
@@ -339,7 +342,7 @@ class Leader:
             confirmed = await asyncio.wait_for(asyncio.shield(session.promoted), timeout_s)
         except (TimeoutError, ConnectionError):
             return None
-        return confirmed if confirmed == epoch else None
+        return (epoch, end) if confirmed == epoch else None
 
     async def aclose(self) -> None:
         if self._expiry is not None:

@@ -261,11 +261,16 @@ class ReplicationNode:
         return (Role.LEADER, "") if lead else (Role.FOLLOWER, url)
 
     async def aclose(self) -> None:
+        """Stop; a master stopped on purpose first hands its role to a caught-up slave (when
+        ``give_back`` will bring the role home again), so no failover timeout is waited out."""
         if self._watchdog is not None:
             self._watchdog.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watchdog
         async with self._lock:
+            leader = self.leader
+            if self.role is Role.LEADER and self.cfg.give_back and leader is not None and leader.caught_up():
+                await self._hand_over(stopping=True)
             await self._stop_drivers()
 
     async def _stop_drivers(self) -> None:
@@ -283,7 +288,9 @@ class ReplicationNode:
         async with self._lock:
             await step
 
-    async def _lead(self, epoch: int | None, why: str, *, stop_follower: bool = True) -> None:
+    async def _lead(
+        self, epoch: int | None, why: str, *, stop_follower: bool = True, partner_gone: bool = False
+    ) -> None:
         if self.role is Role.LEADER:
             return
         if stop_follower and self.follower is not None:
@@ -303,7 +310,7 @@ class ReplicationNode:
                 "now the active master (%s): epoch %d from LSN %d, %d deliveries requeued",
                 why, self.state.epoch, wal.next_lsn, redelivered,
             )  # fmt: skip
-        self.leader = Leader(self.cfg, self, heartbeat_s=self.heartbeat_s)
+        self.leader = Leader(self.cfg, self, heartbeat_s=self.heartbeat_s, partner_gone=partner_gone)
         wal.replica = self.leader
         self.role = Role.LEADER
         self._following_url = ""
@@ -342,7 +349,8 @@ class ReplicationNode:
         self._on_change()
         log.warning("no longer fenced")
 
-    async def _give_back(self) -> None:
+    async def _hand_over(self, *, stopping: bool = False) -> None:
+        """Give the role to the connected follower (give-back, or a stop), then follow it."""
         leader = self.leader
         if leader is None or leader.session is None:
             return
@@ -351,14 +359,20 @@ class ReplicationNode:
         self._following_url = url
         self._on_change()
         await self._close_clients(f"handing over to {url}")
-        epoch = await leader.hand_over(timeout_s=max(10.0, 3 * self.cfg.failover_timeout_s))
-        if epoch is None:
+        handed = await leader.hand_over(timeout_s=max(10.0, 3 * self.cfg.failover_timeout_s))
+        if handed is None:
             log.warning("hand-over to %s failed; staying the master", url)
             self.role = Role.LEADER
             self._on_change()
             return
         self.hand_overs += 1
-        await self._follow(url, f"handed over at epoch {epoch}")
+        epoch, lsn = handed
+        self._save(self.state.raised(epoch, lsn).with_role(False))  # our log ends where its epoch begins
+        if stopping:
+            self.role = Role.FOLLOWER
+            log.warning("handed over to %s at epoch %d before stopping", url, epoch)
+        else:
+            await self._follow(url, f"handed over at epoch {epoch}")
 
     # ------------------------------------------------------------ the watchdog
 
@@ -375,7 +389,9 @@ class ReplicationNode:
         if action is Action.TAKE_OVER:
             self.takeovers += 1
             epoch = max(self.state.epoch, self._partner_epoch()) + 1
-            await self._lead(epoch, f"the master has been silent for {self.cfg.failover_timeout_s} s")
+            await self._lead(
+                epoch, f"the master has been silent for {self.cfg.failover_timeout_s} s", partner_gone=True
+            )
         elif action is Action.STEP_DOWN:
             row = self._partner_row()
             if row is not None:
@@ -386,7 +402,7 @@ class ReplicationNode:
         elif action is Action.UNFENCE:
             self._unfence()
         elif action is Action.GIVE_BACK:
-            await self._give_back()
+            await self._hand_over()
 
     def facts(self) -> Facts:
         members = self.gossip.members() if self.gossip is not None else []

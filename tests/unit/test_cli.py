@@ -153,10 +153,15 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out == f"kapok {kapok.__version__}\n"
 
 
-def test_cluster_nodes_unreachable_seed_is_one_line_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+def _free_port() -> int:
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def test_cluster_nodes_unreachable_seed_is_one_line_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    port = _free_port()
     assert main(["cluster", "nodes", "--seed", f"http://127.0.0.1:{port}"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"kapok: error: cannot reach http://127.0.0.1:{port}/cluster/nodes")
@@ -165,15 +170,26 @@ def test_cluster_nodes_unreachable_seed_is_one_line_exit_1(capsys: pytest.Captur
     assert "expected an http(s) URL" in capsys.readouterr().err
 
 
+def test_replication_commands_report_one_clear_line(capsys: pytest.CaptureFixture[str]) -> None:
+    port = _free_port()
+    assert main(["replication", "unpair", "--url", f"http://127.0.0.1:{port}"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"kapok: error: cannot reach http://127.0.0.1:{port}/replication/unpair")
+    assert err.count("\n") == 1
+
+
 def test_cluster_nodes_table() -> None:
     rows = [
-        {"name": "b", "state": "dead", "incarnation": 2, "role": "master", "pair": None, "http_url": "http://b",
-         "gossip_addr": "b:1", "version": "1", "load": 0.0, "self": False},
-        {"name": "a", "state": "alive", "incarnation": 0, "role": "slave", "pair": "b", "http_url": "http://a",
-         "gossip_addr": "a:1", "version": "1", "load": 3.0, "self": True},
+        {"name": "b", "state": "dead", "incarnation": 2, "role": "master", "active": True, "pair": None,
+         "epoch": 1, "http_url": "http://b", "gossip_addr": "b:1", "version": "1", "load": 0.0,
+         "self": False},
+        {"name": "a", "state": "alive", "incarnation": 0, "role": "slave", "active": False, "pair": "b",
+         "epoch": 1, "http_url": "http://a", "gossip_addr": "a:1", "version": "1", "load": 3.0,
+         "self": True},
     ]
     lines = nodes_table(rows).splitlines()
-    assert lines[0].split() == ["name", "state", "incarnation", "role", "pair", "http_url", "gossip_addr",
-                                "version", "load"]
-    assert lines[1].split() == ["b", "dead", "2", "master", "-", "http://b", "b:1", "1", "0.0"]
-    assert lines[2].split() == ["a", "*", "alive", "0", "slave", "b", "http://a", "a:1", "1", "3.0"]
+    assert lines[0].split() == ["name", "state", "incarnation", "role", "active", "pair", "epoch", "http_url",
+                                "gossip_addr", "version", "load"]
+    assert lines[1].split() == ["b", "dead", "2", "master", "True", "-", "1", "http://b", "b:1", "1", "0.0"]
+    second = ["a", "*", "alive", "0", "slave", "False", "b", "1", "http://a", "a:1", "1", "3.0"]
+    assert lines[2].split() == second
