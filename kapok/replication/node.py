@@ -163,12 +163,9 @@ class ReplicationNode:
     async def receive_transfer(
         self, lsn: int, shared: int, chunks: Callable[[], Awaitable[bytes | None]]
     ) -> None:
-        """A full transfer: set aside what diverged, empty the store, write the streamed
-        snapshot as ours, recover from it (as a mirror)."""
-        store: DiskStore = self.service.store
-        if shared < store.wal.next_lsn:
-            await self._set_aside(store, shared)
-        await store.aclose(snapshot=False)
+        """A full transfer: write the streamed snapshot beside the store (which stays as it is
+        until the snapshot is whole: a transfer cut short leaves the old state), set aside
+        what diverged, then reopen the store on the transferred state (as a mirror)."""
         loop = asyncio.get_running_loop()
         writer = await loop.run_in_executor(None, begin_transfer, self.service.config.storage, lsn)
         size = 0
@@ -179,17 +176,15 @@ class ReplicationNode:
                     await loop.run_in_executor(None, writer.write, chunk)
             await loop.run_in_executor(None, writer.write, encode_end())
             await loop.run_in_executor(None, writer.commit)
-        except asyncio.CancelledError:  # the node is stopping: leave the store closed
-            with contextlib.suppress(OSError):
-                writer.abort()
-            raise
         except BaseException:
             with contextlib.suppress(OSError):
                 writer.abort()
-            await self.service.reopen(DiskStore(self.service.config.storage), mirror=True)
             raise
+        store: DiskStore = self.service.store
+        if shared < store.wal.next_lsn:
+            await self._set_aside(store, shared)
         log.info("full transfer received: %d bytes of state at LSN %d", size, lsn)
-        await self.service.reopen(DiskStore(self.service.config.storage), mirror=True)
+        await self.service.reopen(DiskStore(self.service.config.storage), mirror=True)  # installs it
 
     async def _set_aside(self, store: DiskStore, shared: int) -> None:
         """Write the records past ``shared`` to ``diverged/`` for the operator."""

@@ -35,10 +35,10 @@ from kapok.core.replay import apply, finish_recovery, state_records
 from kapok.errors import StorageError
 from kapok.storage.archiver import ArchiveFeed, ArchiveSettings
 from kapok.storage.records import FrameReader, encode_batch, encode_end
-from kapok.storage.snapshot import FoundSnapshot, SnapshotWriter, find_newest, map_file
+from kapok.storage.snapshot import FoundSnapshot, SnapshotWriter, find_newest, list_snapshots, map_file
 from kapok.storage.wal import Segment, WriteAheadLog, list_segments
 
-__all__ = ["DiskStore", "begin_transfer"]
+__all__ = ["DiskStore", "begin_transfer", "install_transfer"]
 
 log = logging.getLogger("kapok.storage")
 
@@ -96,6 +96,9 @@ class DiskStore:
             directory.mkdir(parents=True, exist_ok=True)
         self._lock_fd = _lock(self.wal_dir.parent)
         started = time.perf_counter()
+        installed = await loop.run_in_executor(None, install_transfer, self.wal_dir.parent)
+        if installed is not None:
+            log.info("installed a full state transfer at LSN %d in place of the local log", installed)
         journal, broker.journal = broker.journal, False
         snapshot = await loop.run_in_executor(None, find_newest, self.snapshot_dir)
         for problem in snapshot.skipped:
@@ -277,16 +280,42 @@ class DiskStore:
 
 
 def begin_transfer(cfg: StorageConfig, lsn: int) -> SnapshotWriter:
-    """Empty a (closed) store's WAL and snapshots for a full state transfer, and return the
-    writer of the snapshot at ``lsn`` that the transfer fills. Once it is committed, a
-    ``DiskStore`` opened on the directory recovers the transferred state and appends from
-    ``lsn`` on. Blocking file work: call it on a worker thread."""
-    root = Path(cfg.dir)
-    for directory, pattern in ((root / "wal", "*"), (root / "snapshots", "*")):
+    """The writer of a full state transfer's snapshot at ``lsn``: it goes to ``transfer/``
+    beside the store, which stays as it is (and usable) until the snapshot is complete.
+    Once committed, the next ``DiskStore.open`` on the directory installs it in place of
+    the WAL and the snapshots (``install_transfer``). Blocking: call it on a worker thread."""
+    staging = Path(cfg.dir) / "transfer"
+    staging.mkdir(parents=True, exist_ok=True)
+    for path in staging.iterdir():  # an earlier transfer that did not finish
+        path.unlink(missing_ok=True)
+    return SnapshotWriter(staging, lsn)
+
+
+def install_transfer(root: Path) -> int | None:
+    """Replace the store's WAL and snapshots by a completed transfer, if one waits in
+    ``transfer/``; returns its LSN. Safe to repeat after a crash at any point: the staged
+    snapshot is the last thing to move."""
+    staging = root / "transfer"
+    staged = list_snapshots(staging) if staging.is_dir() else []
+    if not staged:
+        return None
+    lsn, path = staged[-1]
+    for directory in (root / "wal", root / "snapshots"):
         directory.mkdir(parents=True, exist_ok=True)
-        for path in directory.glob(pattern):
-            path.unlink(missing_ok=True)
-    return SnapshotWriter(root / "snapshots", lsn)
+        for old in directory.iterdir():
+            old.unlink(missing_ok=True)
+    target = root / "snapshots" / path.name
+    os.replace(path, target)
+    for directory in (root / "snapshots", root):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for leftover in staging.iterdir():
+        leftover.unlink(missing_ok=True)
+    staging.rmdir()
+    return lsn
 
 
 def _with_next(segments: list[Segment]) -> Iterator[tuple[Segment, Segment | None]]:

@@ -16,6 +16,8 @@ import pytest
 
 from kapok.config import load_config
 from kapok.replication.protocol import Role
+from kapok.storage.disk import begin_transfer, install_transfer
+from kapok.storage.records import encode_end
 from kapok.testing import eventually
 from kapok.testing.inprocess import RunningApp, run_app
 
@@ -190,3 +192,21 @@ async def test_a_paired_master_refuses_another_slave(start: Start) -> None:
     )
     assert master.replication.state.partner == "s"
     assert other.replication.state.partner is None
+
+
+def test_a_transfer_replaces_the_store_only_once_it_is_whole(tmp_path: Path) -> None:
+    cfg = load_config(None, overrides=[f"storage.dir={tmp_path}"], env={}).storage
+    for name in ("wal/wal-00000000000000000000.log", "snapshots/snapshot-00000000000000000000.snap"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"old")
+    writer = begin_transfer(cfg, 42)
+    writer.write(b"half a snapshot")
+    assert install_transfer(tmp_path) is None  # not committed: the old store stays
+    assert (tmp_path / "wal/wal-00000000000000000000.log").read_bytes() == b"old"
+    writer.write(encode_end())
+    writer.commit()
+    assert install_transfer(tmp_path) == 42
+    assert list((tmp_path / "wal").iterdir()) == []
+    assert [p.name for p in (tmp_path / "snapshots").iterdir()] == ["snapshot-00000000000000000042.snap"]
+    assert not (tmp_path / "transfer").exists()
+    assert install_transfer(tmp_path) is None
