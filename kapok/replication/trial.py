@@ -45,6 +45,10 @@ TOPIC = "trial"
 BATCH = 10
 INFLIGHT = 4
 DEADLINE_S = 30.0
+# The consumer works this long per pushed frame before it acks, so a backlog of confirmed
+# but undelivered messages has built up on the master when it is killed: those must come
+# from the slave.
+WORK_S = 0.01
 _ACTIVE_LINE = "now the active master"
 
 
@@ -54,6 +58,7 @@ class Outcome:
     profile: str
     takeover_s: float | None = None
     confirmed: int = 0
+    from_slave: int = 0  # confirmed messages the consumer had not seen when the master died
     delivered: int = 0  # distinct messages the consumer saw
     duplicates: int = 0
     lost: int = 0
@@ -163,6 +168,7 @@ async def _consume(http: aiohttp.ClientSession, urls: list[str], tally: _Tally, 
                             continue
                         for m in frame["msgs"]:
                             tally.seen[m["data"]] = tally.seen.get(m["data"], 0) + 1
+                        await asyncio.sleep(WORK_S)
                         codes = [m["code"] for m in frame["msgs"]]
                         await ws.send_json({"op": "ack", "sub": frame["sub"], "codes": codes})
         await asyncio.sleep(0.05)
@@ -184,6 +190,7 @@ async def failover_trial(
         base, mode=mode, profile=profile, failover_timeout_s=failover_timeout_s, sets=sets
     )
     tally, stop = _Tally(), asyncio.Event()
+    seen_before_kill: set[str] = set()
     try:
         async with aiohttp.ClientSession() as http:
             producer = asyncio.create_task(_produce(http, master.url, tally, stop))
@@ -195,6 +202,7 @@ async def failover_trial(
                 lag = (state.get("lag") or {}).get("records", lag)
                 await asyncio.sleep(0.05)
             out.lag_records_before_kill = lag
+            seen_before_kill = set(tally.seen)
             killed_at = time.time()
             master.kill()
             await asyncio.wait_for(producer, DEADLINE_S)
@@ -211,6 +219,7 @@ async def failover_trial(
     finally:
         stop_all([master, slave])
     out.confirmed = len(tally.confirmed)
+    out.from_slave = len(tally.confirmed - seen_before_kill)
     out.delivered = len(tally.seen)
     out.duplicates = sum(n - 1 for n in tally.seen.values())
     out.lost = len(tally.confirmed - tally.seen.keys())
@@ -233,6 +242,7 @@ def summary(outcomes: list[Outcome]) -> dict[str, Any]:
         "lost": sum(o.lost for o in outcomes),
         "lost_within_lag": all(o.lost <= (o.lag_records_before_kill or 0) for o in outcomes),
         "confirmed": sum(o.confirmed for o in outcomes),
+        "from_slave": sum(o.from_slave for o in outcomes),
         "duplicates": sum(o.duplicates for o in outcomes),
     }
 
