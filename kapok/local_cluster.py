@@ -26,7 +26,7 @@ import yaml
 
 from kapok.launch import NodeProcess, start_node
 
-__all__ = ["NodePlan", "plan_cluster", "run_local_cluster"]
+__all__ = ["NodePlan", "plan_cluster", "run_local_cluster", "start_planned", "start_plans"]
 
 DEFAULT_DIR = "kapok-cluster"
 
@@ -102,17 +102,22 @@ def plan_cluster(masters: int, slaves: bool) -> list[NodePlan]:
     return plans
 
 
-def _start(base: Path, plans: list[NodePlan]) -> list[NodeProcess]:
+def start_planned(base: Path, plan: NodePlan, plans: list[NodePlan]) -> NodeProcess:
+    """Start (or restart: same ports, name and data) one node of a planned cluster."""
     by_name = {p.name: p for p in plans}
-    seed_port = plans[0].gossip_port
+    master_url = by_name[plan.master].url if plan.master else None
+    # start_node asks for port 0; the later --set wins, with the port the file names too.
+    return start_node(
+        base / plan.name, f"server.port={plan.http_port}",
+        config_text=plan.config(plans[0].gossip_port, master_url),
+    )  # fmt: skip
+
+
+def start_plans(base: Path, plans: list[NodePlan]) -> list[NodeProcess]:
+    """The first node (everyone's seed), then the others at once; all or none."""
 
     def start(plan: NodePlan) -> NodeProcess:
-        master_url = by_name[plan.master].url if plan.master else None
-        # start_node asks for port 0; the later --set wins, with the port the file names too.
-        return start_node(
-            base / plan.name, f"server.port={plan.http_port}",
-            config_text=plan.config(seed_port, master_url),
-        )  # fmt: skip
+        return start_planned(base, plan, plans)
 
     nodes = [start(plans[0])]
     try:
@@ -138,7 +143,7 @@ def run_local_cluster(masters: int, slaves: bool, directory: str | None, out: Te
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        nodes = _start(base, plans)
+        nodes = start_plans(base, plans)
         try:
             print(f"kapok local-cluster: {len(nodes)} node(s) in {base}", file=out)
             for plan, node in zip(plans, nodes, strict=True):

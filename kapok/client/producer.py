@@ -325,6 +325,7 @@ class Producer(ClientBase):
         session = await connecting
         if lane.connecting is connecting and lane.session is None:
             lane.session = session
+            self._update_status()
         return lane.session or session
 
     async def _send_batch(self, lane: _Lane, batch: _Batch) -> None:
@@ -380,6 +381,8 @@ class Producer(ClientBase):
         log.info("%s: %s is down (retry in %.2f s): %s", self.name, name, wait, exc)
         self.want_refresh()
         self._update_candidates()
+        if self.status is Status.CONNECTING:
+            self.status = Status.RECONNECTING
         if not self._key_mode:  # what was never sent goes elsewhere now
             self._seal(lane)
             for batch in [b for b in lane.queue if not b.pinned_until]:
@@ -461,8 +464,17 @@ class Producer(ClientBase):
         else:
             lanes = self._lanes.items()
             self._candidates = [p for p, lane in lanes if not lane.gone and lane.down_until <= now]
-        if self.status is not Status.CLOSED:
-            self.status = Status.CONNECTED if self._candidates else Status.RECONNECTING
+        self._update_status()
+
+    def _update_status(self) -> None:
+        """CONNECTED while some node has a working connection; before the first one,
+        CONNECTING; after losing them all, RECONNECTING."""
+        if self.status in (Status.CLOSED, Status.NEW):
+            return
+        if any(lane.session is not None and not lane.session.closed for lane in self._lanes.values()):
+            self.status = Status.CONNECTED
+        elif self.status is Status.CONNECTED:
+            self.status = Status.RECONNECTING
 
     def _on_view(self) -> None:
         for pair, member in self.view.items():
