@@ -186,7 +186,8 @@ def _bench_options(command: argparse.ArgumentParser) -> None:
         "--workload",
         action="append",
         metavar="NAME",
-        help="publish, e2e, latency, fanout, clients, backlog, recovery or all (repeatable; default all)",
+        help="publish, e2e, latency, fanout, clients, backlog, recovery, client or all "
+        "(repeatable; default all)",
     )
     add("--protocol", default="native", help="native, kapokmq or both (default native)")
     add("--fsync", default="always", help="storage.fsync of the started nodes: always, interval, never, all")

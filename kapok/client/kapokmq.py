@@ -135,14 +135,14 @@ class KapokMQSession:
             sock.reader.add_done_callback(lambda _: self._lost())
         return sock
 
-    async def publish(self, msgs: list[dict[str, Any]]) -> list[str | KapokError]:
+    async def publish(self, msgs: list[dict[str, Any]], topic: str | None = None) -> list[str | KapokError]:
         if self._closed:
             raise ConnectionLostError(f"the connection to {self.member.name} is closed", False)
         frames = [compat_frame(m) for m in msgs]
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[str | KapokError]] = []
         for msg, frame in zip(msgs, frames, strict=True):
-            sock = await self._producer(msg["topic"])
+            sock = await self._producer(msg.get("topic") or topic or "")
             future: asyncio.Future[str | KapokError] = loop.create_future()
             sock.waiting.append(future)
             futures.append(future)

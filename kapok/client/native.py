@@ -101,8 +101,11 @@ class NativeSession:
             self._lost(f"write failed: {exc}")
         return await future
 
-    async def publish(self, msgs: list[dict[str, Any]]) -> list[str | KapokError]:
-        reply = await self._request({"op": "pub", "msgs": msgs})
+    async def publish(self, msgs: list[dict[str, Any]], topic: str | None = None) -> list[str | KapokError]:
+        frame: dict[str, Any] = {"op": "pub", "msgs": msgs}
+        if topic is not None:
+            frame["topic"] = topic
+        reply = await self._request(frame)
         codes: list[str | KapokError] = reply["codes"]
         return codes
 

@@ -188,7 +188,9 @@ class Producer(ClientBase):
         topic = topic or self.topic
         if not topic:
             raise ValueError("no topic: pass topic= to send() or to the Producer")
-        msg: dict[str, Any] = {"topic": topic}
+        # The producer's own topic goes once per frame; only other topics ride on the message
+        # (a message of just {"data"} is also the node's cheapest to read).
+        msg: dict[str, Any] = {} if topic == self.topic else {"topic": topic}
         if isinstance(data, str):
             msg["data"] = data
             size = len(data) if data.isascii() else len(data.encode())
@@ -337,7 +339,7 @@ class Producer(ClientBase):
             if batch.attempts:
                 self.stats.retried += count
                 node.retried += count
-            results = await session.publish(batch.msgs)
+            results = await session.publish(batch.msgs, self.topic)
         except ConnectionLostError as exc:
             self._lane_failed(lane, gen, exc)
             self._retry(lane, batch, exc, in_doubt=exc.in_doubt)

@@ -46,8 +46,9 @@ class NodeSession(Protocol):
     @property
     def closed(self) -> bool: ...
 
-    async def publish(self, msgs: list[dict[str, Any]]) -> list[str | KapokError]:
-        """Store a batch; one code (or, KapokMQ mode only, one error) per message."""
+    async def publish(self, msgs: list[dict[str, Any]], topic: str | None = None) -> list[str | KapokError]:
+        """Store a batch; one code (or, KapokMQ mode only, one error) per message. ``topic``
+        is the topic of the messages that name none (sent once per frame, not per message)."""
         ...
 
     async def subscribe(self, spec: SubSpec, deliver: Deliver) -> int:

@@ -75,9 +75,12 @@ def test_local_cluster_with_slaves_starts_from_its_files_and_stops(tmp_path: Pat
         proc.send_signal(stop_signal)
         assert proc.wait(30) == 0
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # a failed test: stop the command, then any node it left, by PID
             proc.kill()
             proc.wait(10)
+            for row in rows:
+                if not _pid_gone(int(row[4])):
+                    os.kill(int(row[4]), signal.SIGKILL)
     reader.join(10)
     rest = []
     while not lines.empty():

@@ -80,7 +80,7 @@ class FakeSession:
     def closed(self) -> bool:
         return self._closed
 
-    async def publish(self, msgs: list[dict[str, Any]]) -> list[str | KapokError]:
+    async def publish(self, msgs: list[dict[str, Any]], topic: str | None = None) -> list[str | KapokError]:
         if self._closed:
             raise ConnectionLostError("closed", False)
         await asyncio.sleep(0)  # a round trip

@@ -122,20 +122,14 @@ async def test_send_waits_while_max_pending_messages_are_unconfirmed() -> None:
     cluster = FakeCluster("a")
     gate = asyncio.Event()
     node = cluster.nodes["a"]
-    original = node.store
-
-    def slow_store(msgs: list[dict[str, Any]]) -> Any:
-        return original(msgs)
-
-    node.store = slow_store  # type: ignore[method-assign]
 
     async def gated_connect(member: Any) -> Any:
         session = await cluster.connect(member)
         publish = session.publish
 
-        async def gated(msgs: list[dict[str, Any]]) -> Any:
+        async def gated(msgs: list[dict[str, Any]], topic: str | None = None) -> Any:
             await gate.wait()
-            return await publish(msgs)
+            return await publish(msgs, topic)
 
         session.publish = gated  # type: ignore[method-assign]
         return session
