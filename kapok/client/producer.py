@@ -320,15 +320,21 @@ class Producer(ClientBase):
         session = lane.session
         if session is not None and not session.closed:
             return session
-        assert lane.member is not None
         if lane.connecting is None or lane.connecting.done():
-            lane.connecting = asyncio.get_running_loop().create_task(self._connect(lane.member))
-        connecting = lane.connecting
-        session = await connecting
-        if lane.connecting is connecting and lane.session is None:
-            lane.session = session
-            self._update_status()
-        return lane.session or session
+            lane.connecting = asyncio.get_running_loop().create_task(self._open(lane))
+        return await lane.connecting
+
+    async def _open(self, lane: _Lane) -> NodeSession:
+        """One connection attempt per lane at a time; every batch waiting for it shares it."""
+        assert lane.member is not None
+        gen = lane.gen
+        session = await self._connect(lane.member)
+        if gen != lane.gen:  # the lane failed or moved meanwhile: this session is stale
+            await session.close()
+            raise ConnectionLostError(f"{lane.pair} changed while connecting", False)
+        lane.session = session
+        self._update_status()
+        return session
 
     async def _send_batch(self, lane: _Lane, batch: _Batch) -> None:
         gen, count = lane.gen, len(batch.msgs)

@@ -12,15 +12,15 @@ import asyncio
 import contextlib
 import re
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiohttp import ClientResponse
-from aioresponses import aioresponses
+from aioresponses import CallbackResult, aioresponses
 
 from kapok.client.session import Deliver, SubSpec
 from kapok.client.view import Member
-from kapok.errors import BadRequestError, ConnectionLostError, KapokError
+from kapok.errors import BadRequestError, ConnectionLostError, KapokError, NotActiveError
 
 SEED = "http://seed.test:1"
 
@@ -45,12 +45,25 @@ class FakeNode:
         self.break_after_store = 0  # this many publishes store, then drop the connection
         self.sessions: list[FakeSession] = []
         self.in_doubt: list[list[str]] = []  # batches stored, then their connection dropped
+        self.view: dict[str, Any] = {}  # how /cluster/nodes shows this node (over the defaults)
+        self.passive = False  # answers not_active, like a slave that has not taken over
+        self.on_break: Callable[[], None] | None = None
 
     def row(self, **fields: Any) -> dict[str, Any]:
         row = {"name": self.name, "http_url": self.url, "state": "alive", "role": "master",
                "active": True, "pair": None, "epoch": 0, "load": 0.0}  # fmt: skip
+        row.update(self.view)
         row.update(fields)
         return row
+
+    def take_over_from(self, master: FakeNode) -> None:
+        """This slave becomes the active member of ``master``'s pair, with its log (and so its
+        duplicate filter) replicated, and the master is dead."""
+        self.stored, self.data = dict(master.stored), list(master.data)
+        self.passive = False
+        self.view = {"role": "slave", "active": True, "pair": master.name, "epoch": 1}
+        master.refuse = True
+        master.view = {"state": "dead"}
 
     def store(self, msgs: list[dict[str, Any]]) -> list[str | KapokError]:
         if any(m["data"] == "bad" for m in msgs):
@@ -84,10 +97,14 @@ class FakeSession:
         if self._closed:
             raise ConnectionLostError("closed", False)
         await asyncio.sleep(0)  # a round trip
+        if self._closed:  # the connection broke while the batch was on its way
+            raise ConnectionLostError(f"lost {self.node.name}")
         codes = self.node.store(msgs)
         if self.node.break_after_store:
             self.node.break_after_store -= 1
             self.node.in_doubt.append([m["data"] for m in msgs])
+            if self.node.on_break is not None:
+                self.node.on_break()
             await self.close()
             raise ConnectionLostError(f"lost {self.node.name} after it stored the batch")
         return codes
@@ -119,6 +136,8 @@ class FakeCluster:
         node = self.nodes[member.name]
         if node.refuse:
             raise ConnectionLostError(f"cannot connect to {node.name}", False)
+        if node.passive:
+            raise NotActiveError(f"{node.name} is a passive slave")
         session = FakeSession(node, member)
         node.sessions.append(session)
         return session
@@ -130,7 +149,12 @@ class FakeCluster:
             self.serve_view(mock)
             yield mock
 
-    def serve_view(self, mock: aioresponses, *names: str) -> None:
-        rows = [self.nodes[n].row() for n in (names or self.nodes)]
+    def serve_view(self, mock: aioresponses) -> None:
+        """Every fake node answers with the nodes' current rows (tests change them)."""
+
+        def answer(url: Any, **kwargs: Any) -> CallbackResult:
+            rows = [node.row() for node in self.nodes.values()]
+            return CallbackResult(payload=rows, response_class=MockResponse)  # type: ignore[arg-type]
+
         pattern = re.compile(r"^http://[a-z0-9]+\.test:1/cluster/nodes$")
-        mock.get(pattern, payload=rows, repeat=True, response_class=MockResponse)
+        mock.get(pattern, repeat=True, response_class=MockResponse, callback=answer)
