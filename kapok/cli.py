@@ -165,7 +165,8 @@ def add_consume_options(command: argparse.ArgumentParser) -> None:
 
 def _cmd_client(name: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        commands = importlib.import_module("kapok.client.commands")
+        from kapok.client import commands
+
         result: int = getattr(commands, name)(args)
         return result
 
