@@ -77,6 +77,7 @@ class ClientBase:
         self._own_http = http is None
         self._discovery: Discovery | None = None
         self._upkeep: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop  # the loop the client was started on
         self._refresh_wanted = False
         self._next_refresh = 0.0
 
@@ -87,6 +88,7 @@ class ClientBase:
         if self.status is not Status.NEW:
             return self
         self.status = Status.CONNECTING
+        self._loop = asyncio.get_running_loop()
         if self._http is None:
             self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         self._discovery = Discovery(
@@ -99,7 +101,7 @@ class ClientBase:
             await self._close_http()
             self.status = Status.CLOSED
             raise
-        self._upkeep = asyncio.get_running_loop().create_task(self._upkeep_loop())
+        self._upkeep = self._loop.create_task(self._upkeep_loop())
         return self
 
     async def __aenter__(self) -> Self:
