@@ -56,7 +56,7 @@ from kapok.errors import (
     ConnectionLostError,
     KapokError,
     MessageTooLargeError,
-    NotActiveError,
+    ReplicationUnavailableError,
     TooManyConnectionsError,
     UnavailableError,
 )
@@ -355,7 +355,12 @@ class Producer(ClientBase):
         except ConnectionLostError as exc:
             self._lane_failed(lane, gen, exc)
             self._retry(lane, batch, exc, in_doubt=exc.in_doubt)
-        except (NotActiveError, TooManyConnectionsError) as exc:
+        except ReplicationUnavailableError as exc:
+            # Sync replication: the master stored the batch but its slave did not confirm it.
+            # In doubt like a broken connection; the pair's duplicate filter makes a resend safe.
+            self._retry(lane, batch, exc, in_doubt=True)
+        except (UnavailableError, TooManyConnectionsError) as exc:
+            # not_active (a passive slave), fenced, or full: refused before anything was stored.
             self._lane_failed(lane, gen, exc)
             self._retry(lane, batch, exc, in_doubt=False)
         except BadRequestError as exc:

@@ -69,9 +69,16 @@ def test_local_cluster_with_slaves_starts_from_its_files_and_stops(tmp_path: Pat
             assert config["cluster"]["bind"] == gossip and config["cluster"]["profile"] == "fast"
             if role.startswith("slave"):
                 assert config["replication"] == {"role": "slave", "master": urls[role.split()[-1]]}
-        wait_for(lambda: len(fetch_nodes(urls["m1"])) == 4, 30, 0.1)
-        roles = {row["name"]: row["role"] for row in fetch_nodes(urls["m2"])}
-        assert roles == {"m1": "master", "m2": "master", "s1": "slave", "s2": "slave"}
+        # Every member's view shows the pairs the files describe: what the client groups by.
+        expected = {
+            "m1": ("master", True, "s1"), "m2": ("master", True, "s2"),
+            "s1": ("slave", False, "m1"), "s2": ("slave", False, "m2"),
+        }  # fmt: skip
+
+        def pairs(url: str) -> dict[str, tuple[str, bool, str]]:
+            return {r["name"]: (r["role"], r["active"], r["pair"]) for r in fetch_nodes(url)}
+
+        wait_for(lambda: all(pairs(url) == expected for url in urls.values()), 30, 0.1)
         proc.send_signal(stop_signal)
         assert proc.wait(30) == 0
     finally:
