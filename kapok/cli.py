@@ -92,7 +92,93 @@ def _build_parser() -> argparse.ArgumentParser:
         help="the node's mq.secret_key (default: $KAPOK_SECRET, else test)",
     )
     unpair.set_defaults(func=_cmd_replication, action="unpair")
+
+    secret_note = " The secret key: --secret, else $KAPOK_SECRET, else 'test'."
+    for name, summary, about, add_options in (
+        (
+            "produce",
+            "publish each line of stdin as one message; summary on stderr",
+            "Publishes each line of stdin (without its line break) as one message through the client "
+            "library, waits for every confirmation and prints sent / confirmed, per node, on stderr. "
+            "Exit 0 only if every message was confirmed.",
+            add_produce_options,
+        ),
+        (
+            "consume",
+            "write each message's payload as one line on stdout, acked after the write",
+            "Subscribes on every active master and writes each payload as one line on stdout; a "
+            "message is acked only after its line was written and flushed. Stops after --count "
+            "messages or --timeout seconds without one.",
+            add_consume_options,
+        ),
+    ):
+        client_command = commands.add_parser(name, help=summary, description=about + secret_note)
+        add_options(client_command)
+        client_command.set_defaults(func=_cmd_client(name))
+
+    local = commands.add_parser(
+        "local-cluster",
+        help="start a demo cluster on 127.0.0.1 until Ctrl-C",
+        description="Starts N masters (and with --slaves one slave each) as real nodes on 127.0.0.1, "
+        "each with a generated application.yaml under --dir, prints them, and stops them on Ctrl-C.",
+    )
+    local.add_argument("--masters", type=int, default=3, metavar="N", help="masters to start (default 3)")
+    local.add_argument("--slaves", action="store_true", help="give every master a slave")
+    local.add_argument("--dir", metavar="D", help="the nodes' folders go here (./kapok-cluster)")
+    local.set_defaults(func=_cmd_local_cluster)
+
+    # Planned subcommands register here the same way: analytics.
     return parser
+
+
+def _common_options(command: argparse.ArgumentParser) -> None:
+    add = command.add_argument
+    add("--seed", action="append", required=True, metavar="URL",
+        help="a node's HTTP URL, e.g. http://127.0.0.1:8011 (repeatable; any member will do)")
+    add("--topic", required=True, help="the topic")
+    add("--secret", default=None,
+        help="the nodes' mq.secret_key (default: $KAPOK_SECRET, else 'test')")
+    add("--protocol", choices=("native", "kapokmq"), default="native",
+        help="native (default) or kapokmq (KapokMQ's routes, for KapokMQ-compatible servers)")
+
+
+def add_produce_options(command: argparse.ArgumentParser) -> None:
+    _common_options(command)
+    add = command.add_argument
+    add("--key", default="", help="routing key of every message")
+    add("--delay", type=float, default=0.0, metavar="S", help="deliver each message S seconds later")
+    add("--balance", choices=("random", "p2c", "key"), default="random",
+        help="how messages are spread over the masters (default random)")
+    add("--timeout", type=float, default=30.0, metavar="S",
+        help="a message not confirmed within S seconds fails (default 30)")
+
+
+def add_consume_options(command: argparse.ArgumentParser) -> None:
+    _common_options(command)
+    add = command.add_argument
+    add("--group", default=None, help="consumer group (default: the topic's default)")
+    add("--key", default=None, metavar="PATTERN", help="routing-key pattern, e.g. 'orders.*'")
+    add("--count", type=int, default=None, metavar="N", help="stop after N messages")
+    add("--timeout", type=float, default=None, metavar="S", help="stop after S seconds without a message")
+    add("--prefetch", type=int, default=None, help="unacked messages per node (default: the node's)")
+
+
+def _cmd_client(name: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        from kapok.client import commands
+
+        result: int = getattr(commands, name)(args)
+        return result
+
+    return run
+
+
+def _cmd_local_cluster(args: argparse.Namespace) -> int:
+    from kapok.local_cluster import run_local_cluster
+
+    if args.masters < 1:
+        raise ConfigError("--masters must be at least 1")
+    return run_local_cluster(args.masters, args.slaves, args.dir)
 
 
 def _bench_options(command: argparse.ArgumentParser) -> None:
@@ -101,7 +187,8 @@ def _bench_options(command: argparse.ArgumentParser) -> None:
         "--workload",
         action="append",
         metavar="NAME",
-        help="publish, e2e, latency, fanout, clients, backlog, recovery or all (repeatable; default all)",
+        help="publish, e2e, latency, fanout, clients, backlog, recovery, client or all "
+        "(repeatable; default all)",
     )
     add("--protocol", default="native", help="native, kapokmq or both (default native)")
     add("--fsync", default="always", help="storage.fsync of the started nodes: always, interval, never, all")

@@ -26,7 +26,14 @@ compatibility routes), and the client maps ``code`` back to the same class::
      │    └── ReplicationUnavailableError  sync mode, and the paired slave is not there
      ├── ReplicationError             the sync link: a broken rule between master and slave
      │    └── SyncRefusedError        the master refused the slave (``why`` says why)
-     └── StorageError                 reserved for the storage layer
+     ├── StorageError                 reserved for the storage layer
+     └── ClientError                  raised by kapok.client itself, never sent by a node
+          ├── ConnectionLostError     the connection to a node broke (in-flight work is in doubt)
+          ├── SlowConsumerError       the consumer's buffer overflowed (messages requeued or dropped)
+          ├── ClientClosedError       the producer or consumer was closed
+          └── UnsupportedError        not possible over the chosen protocol (KapokMQ mode)
+
+kapok.client raises ``UnavailableError`` itself too, when no node confirmed a message in time.
 """
 
 from __future__ import annotations
@@ -37,7 +44,10 @@ __all__ = [
     "AuthError",
     "BadRequestError",
     "BrokerError",
+    "ClientClosedError",
+    "ClientError",
     "ConfigError",
+    "ConnectionLostError",
     "CsrfError",
     "FencedError",
     "KapokError",
@@ -49,6 +59,7 @@ __all__ = [
     "RateLimitedError",
     "ReplicationError",
     "ReplicationUnavailableError",
+    "SlowConsumerError",
     "StorageError",
     "SubscriptionError",
     "SyncRefusedError",
@@ -56,6 +67,7 @@ __all__ = [
     "UnavailableError",
     "UnknownCodeError",
     "UnknownOpError",
+    "UnsupportedError",
     "error_for_code",
 ]
 
@@ -189,6 +201,35 @@ class SyncRefusedError(ReplicationError):
 class StorageError(KapokError):
     code = "storage"
     http_status = 500
+
+
+class ClientError(KapokError):
+    code = "client"
+    http_status = 500
+
+
+class ConnectionLostError(ClientError):
+    """``in_doubt``: the connection broke after a request was written, so the node may
+    have acted on it; otherwise nothing was sent (the connection could not be opened)."""
+
+    code = "connection_lost"
+
+    def __init__(self, message: str, in_doubt: bool = True) -> None:
+        super().__init__(message)
+        self.in_doubt = in_doubt
+
+
+class SlowConsumerError(ClientError):
+    code = "slow_consumer"
+
+
+class ClientClosedError(ClientError):
+    code = "closed"
+
+
+class UnsupportedError(ClientError):
+    code = "unsupported"
+    http_status = 400
 
 
 def _all_subclasses(cls: type[KapokError]) -> list[type[KapokError]]:

@@ -60,6 +60,7 @@ class RoleSpec:
     group_prefix: str = ""  # consumer, native fanout: group names
     latency: bool = False  # consumer: record end-to-end latency from the payload's stamp
     name: str = "bench"
+    client: str = "raw"  # producer: "raw" (the minimal clients) or "library" (kapok.client.Producer)
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -104,7 +105,14 @@ async def _produce(
     for i in range(spec.clients):
         name = f"{spec.name}-p{i}"
         common = (spec.ws_url, spec.key, spec.topic, name, spec.size)
-        if spec.protocol == "native":
+        if spec.client == "library":
+            from kapok.bench.library import LibraryProducer  # the client package loads only here
+
+            inflight = max(1, spec.window // spec.batch)
+            producers.append(LibraryProducer(
+                *common, protocol=spec.protocol, batch=spec.batch, inflight=inflight, gauge=gauge
+            ))  # fmt: skip
+        elif spec.protocol == "native":
             producers.append(NativeProducer(*common, window=spec.window, gauge=gauge, batch=spec.batch))
         else:
             producers.append(CompatProducer(*common, window=spec.window, gauge=gauge))

@@ -15,6 +15,10 @@ clients   ``--clients`` C producer connections and C consumer connections (one g
           consumers compete) on one topic; N messages in all. msgs/s as e2e.
 backlog   ``--backlog`` messages published with no consumer; node RSS before and after,
           per queued message (local node only), WAL bytes per message.
+client    the client library (``kapok.client.Producer``, as an application uses it: one
+          ``send`` per message, generated dedup ids) publishing ``--messages`` to the node with
+          one batch in flight and with ``--inflight`` batches, each run right after the raw
+          producer of ``publish`` with the same batch and window; notes give library ÷ raw.
 recovery  the same backlog, then the node is killed (kill -9: WAL replay) and restarted, then
           stopped (SIGTERM: shutdown snapshot) and restarted; time until ``/health`` answers
           and the recovery time from the node's "recovered ... in X s" log line.
@@ -144,6 +148,33 @@ def clients(h: Harness, node: Node, protocol: str) -> list[Row]:
     return [row]
 
 
+def client(h: Harness, node: Node, protocol: str) -> list[Row]:
+    o = h.options
+    n = o.messages
+    rows: list[Row] = []
+    # Raw and library back to back for each window, so both see the same minute of a noisy machine.
+    for inflight in sorted({1, o.inflight}):
+        raw_rate = 0.0
+        for kind in ("raw", "library"):
+            spec = h.spec(
+                "producer", protocol, node, h.topic(f"client{len(rows)}"), messages=n, client=kind,
+                window=o.batch * inflight,
+            )  # fmt: skip
+            run = h.run_roles(node, spec)
+            p = run.producer
+            rate = _rate(p["confirmed"], p["t0"], p["t1"])
+            row = h.row("client", protocol, node, run, variant=f"{kind}, {inflight} in flight", messages=n)
+            row.msgs_per_s, row.wall_s = rate, p["t1"] - p["t0"]
+            row.notes = f"batch {o.batch} × {inflight} in flight"
+            if kind == "raw":
+                raw_rate = rate
+            else:
+                row.extra["ratio_to_raw"] = rate / raw_rate
+                row.notes += f"; kapok.client ÷ raw = {rate / raw_rate:.2f}"
+            rows.append(row)
+    return rows
+
+
 def _fill(h: Harness, node: Node, protocol: str, workload: str) -> tuple[RoleRun, Row]:
     n = h.options.backlog
     run = h.run_roles(node, h.spec("producer", protocol, node, h.topic(workload), messages=n))
@@ -209,4 +240,5 @@ WORKLOADS: dict[str, Workload] = {
     "clients": clients,
     "backlog": backlog,
     "recovery": recovery,
+    "client": client,
 }

@@ -145,12 +145,15 @@ def draft_from_json(
     """
     if not isinstance(obj, dict):
         raise BadRequestError("each message must be a JSON object")
-    # Fast path for the common message, just {"data": "<text>"}: nothing else to check.
-    if len(obj) == 1 and type(obj.get("data")) is str and (route_topic or default_topic):
+    # Fast path for the common messages, {"data": "<text>"} and (what the client library
+    # sends) {"data": "<text>", "dedup_id": "<id>"}: nothing else to check.
+    size = len(obj)
+    if size <= 2 and type(obj.get("data")) is str and (route_topic or default_topic):
         topic = route_topic or default_topic
         assert topic is not None
-        if len(topic) <= 255:
-            return Draft(topic, obj["data"].encode(), producer_id=producer_id)
+        dedup = obj.get("dedup_id", "") if size == 2 else ""
+        if len(topic) <= 255 and type(dedup) is str and (size == 1 or 0 < len(dedup) <= 255):
+            return Draft(topic, obj["data"].encode(), producer_id=producer_id, dedup_id=dedup)
     topic = get_str(obj, "topic", route_topic or default_topic)
     if route_topic is not None and topic != route_topic:
         raise BadRequestError(f"message names topic {topic!r} but was posted to {route_topic!r}")

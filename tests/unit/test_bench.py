@@ -39,7 +39,9 @@ def _args(*argv: str) -> argparse.Namespace:
 
 def test_options_expand_all_and_both() -> None:
     options = options_from_args(_args("--workload", "all", "--protocol", "both", "--fsync", "all"))
-    assert options.workloads == ("publish", "e2e", "latency", "fanout", "clients", "backlog", "recovery")
+    assert options.workloads == (
+        "publish", "e2e", "latency", "fanout", "clients", "backlog", "recovery", "client"
+    )  # fmt: skip
     assert options.protocols == ("native", "kapokmq")
     assert options.fsyncs == ("always", "interval", "never")
     options = options_from_args(

@@ -1,0 +1,215 @@
+"""``NodeSession`` over KapokMQ's protocol, so the client works with any KapokMQ-compatible node.
+
+KapokMQ's routes carry less than the native protocol, and this mode says so instead of
+pretending: a producer socket per topic (``/Producers/Conn/{topic}/{id}``) takes one JSON
+frame per message and answers a raw ``ok`` (or ``{"code": -1, "msg": ...}``) per frame, in
+order, without the message's code (``publish`` returns ``""`` as the code); a consumer
+socket (``/Consumers/Conn/{topic}/{id}``) pushes PascalCase messages and takes a raw code
+as the ack. There is no duplicate filter, routing key, priority, TTL, group choice,
+prefetch, nack or touch on these routes. Both sockets start with the secret-key handshake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import math
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import WSMsgType
+
+from kapok.client.session import Deliver, SubSpec
+from kapok.client.view import Member
+from kapok.errors import (
+    AuthError,
+    ConnectionLostError,
+    KapokError,
+    NotActiveError,
+    UnsupportedError,
+)
+
+__all__ = ["KapokMQSession", "compat_frame"]
+
+ASK_KEY = "Please enter the secret key"
+KEY_OK = "Secret key matching succeeded"
+HANDSHAKE_TIMEOUT_S = 10.0
+
+_sub_ids = itertools.count(1)
+
+
+def compat_frame(msg: dict[str, Any]) -> str:
+    """A native message object as KapokMQ's producer frame; what it cannot carry is an error."""
+    extra = set(msg) - {"topic", "data", "delay_s", "dedup_id", "key"}
+    if extra or msg.get("enc"):
+        what = "binary data" if msg.get("enc") else ", ".join(sorted(extra))
+        raise UnsupportedError(f"the KapokMQ protocol cannot carry {what}")
+    delay = math.ceil(msg.get("delay_s", 0))
+    return orjson.dumps({"MessageData": msg["data"], "DelayTime": delay}).decode()
+
+
+async def _open(http: aiohttp.ClientSession, url: str, secret: str, name: str) -> Any:
+    try:
+        ws = await http.ws_connect(url, timeout=aiohttp.ClientWSTimeout(ws_close=5.0), heartbeat=30.0)
+    except aiohttp.WSServerHandshakeError as exc:
+        if exc.status == 503:
+            raise NotActiveError(f"{name} takes no clients now (HTTP 503)") from None
+        raise ConnectionLostError(f"{name}: WebSocket upgrade failed: HTTP {exc.status}", False) from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise ConnectionLostError(f"cannot connect to {name}: {exc}", False) from None
+    try:
+        async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+            ask = await ws.receive_str()
+            if ask != ASK_KEY:
+                raise ConnectionLostError(f"{name}: unexpected greeting {ask[:80]!r}", False)
+            await ws.send_str(secret)
+            if (answer := await ws.receive_str()) != KEY_OK:
+                raise AuthError(f"{name} refused the secret key: {answer[:80]!r}")
+    except (TypeError, TimeoutError, aiohttp.ClientError, ConnectionError) as exc:  # closed mid-handshake
+        await ws.close()
+        raise ConnectionLostError(f"{name}: the key handshake failed: {exc!r}", False) from None
+    except KapokError:
+        await ws.close()
+        raise
+    return ws
+
+
+class _ProducerSocket:
+    """One topic's producer socket: replies come one per frame, in order."""
+
+    def __init__(self, ws: Any, name: str) -> None:
+        self.ws = ws
+        self.name = name
+        self.waiting: collections.deque[asyncio.Future[str | KapokError]] = collections.deque()
+        self.reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            async for msg in self.ws:
+                if msg.type is not WSMsgType.TEXT or not self.waiting:
+                    break
+                future = self.waiting.popleft()
+                if msg.data == "ok":
+                    future.set_result("")
+                else:
+                    try:
+                        text = orjson.loads(msg.data).get("msg", msg.data)
+                    except (orjson.JSONDecodeError, AttributeError):
+                        text = msg.data
+                    future.set_result(KapokError(str(text)))
+        finally:
+            for future in self.waiting:
+                future.set_exception(ConnectionLostError(f"lost the producer connection to {self.name}"))
+            self.waiting.clear()
+
+
+class KapokMQSession:
+    supports_nack = False
+
+    def __init__(self, http: aiohttp.ClientSession, member: Member, *, secret: str, client: str) -> None:
+        self.member = member
+        self._http = http
+        self._secret = secret
+        self._client = client
+        self._producers: dict[str, _ProducerSocket] = {}
+        self._consumers: dict[int, Any] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self._done = asyncio.Event()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _url(self, kind: str, topic: str, ident: str) -> str:
+        return f"{self.member.ws_url}/{kind}/Conn/{topic}/{ident}"
+
+    async def _producer(self, topic: str) -> _ProducerSocket:
+        sock = self._producers.get(topic)
+        if sock is None or sock.ws.closed:
+            url = self._url("Producers", topic, self._client)
+            ws = await _open(self._http, url, self._secret, self.member.name)
+            sock = self._producers[topic] = _ProducerSocket(ws, self.member.name)
+            sock.reader.add_done_callback(lambda _: self._lost())
+        return sock
+
+    async def publish(self, msgs: list[dict[str, Any]], topic: str | None = None) -> list[str | KapokError]:
+        if self._closed:
+            raise ConnectionLostError(f"the connection to {self.member.name} is closed", False)
+        frames = [compat_frame(m) for m in msgs]
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[str | KapokError]] = []
+        for msg, frame in zip(msgs, frames, strict=True):
+            sock = await self._producer(msg.get("topic") or topic or "")
+            future: asyncio.Future[str | KapokError] = loop.create_future()
+            sock.waiting.append(future)
+            futures.append(future)
+            try:
+                await sock.ws.send_str(frame)
+            except (ConnectionError, RuntimeError, aiohttp.ClientError):
+                break  # the reader fails what waits
+        return list(await asyncio.gather(*futures))
+
+    async def subscribe(self, spec: SubSpec, deliver: Deliver) -> int:
+        if spec.group or spec.key or spec.prefetch or spec.weight or spec.ack != "manual":
+            raise UnsupportedError("the KapokMQ protocol has no group, key, prefetch, weight or auto ack")
+        sub = next(_sub_ids)
+        url = self._url("Consumers", spec.topic, f"{self._client}-{sub}")
+        ws = await _open(self._http, url, self._secret, self.member.name)
+        self._consumers[sub] = ws
+        task = asyncio.get_running_loop().create_task(self._pushes(ws, sub, deliver))
+        task.add_done_callback(lambda _: self._lost())
+        self._track(task)
+        return sub
+
+    async def _pushes(self, ws: Any, sub: int, deliver: Deliver) -> None:
+        async for msg in ws:
+            if msg.type is not WSMsgType.TEXT:
+                break
+            push = orjson.loads(msg.data)
+            if not isinstance(push, dict) or "MessageCode" not in push:
+                continue  # {"code": -1, ...}: nothing to deliver
+            deliver(sub, [{
+                "code": push["MessageCode"], "topic": push.get("Topic", ""),
+                "data": push.get("MessageData", ""), "key": "", "priority": 0,
+                "create_time": push.get("CreateTime", 0), "attempts": 0,
+                "redelivered": False,
+            }])  # fmt: skip
+
+    def settle(self, op: str, sub: int, codes: list[str], requeue: bool = True) -> None:
+        if op != "ack":
+            raise UnsupportedError(f"the KapokMQ protocol has no {op}")
+        ws = self._consumers.get(sub)
+        if ws is None or ws.closed or self._closed:
+            raise ConnectionLostError(f"the connection to {self.member.name} is closed", False)
+
+        async def send() -> None:
+            for code in codes:
+                await ws.send_str(code)
+
+        self._track(asyncio.get_running_loop().create_task(send()))
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _lost(self) -> None:
+        # Any socket of the session that closes ends the session: the caller reconnects it whole.
+        if not self._closed:
+            self._closed = True
+            asyncio.get_running_loop().create_task(self.close())
+
+    async def wait_closed(self) -> None:
+        await self._done.wait()
+
+    async def close(self) -> None:
+        self._closed = True
+        for sock in self._producers.values():
+            await sock.ws.close()
+        for ws in self._consumers.values():
+            await ws.close()
+        for task in list(self._tasks):
+            task.cancel()
+        self._done.set()

@@ -1,0 +1,219 @@
+"""``NodeSession`` over the native protocol: one ``/v1/ws`` WebSocket per node.
+
+Requests carry ids and wait for the reply with that id; a subscription's ``deliver``
+callback is registered when its ``subok`` is *read* (the node sends ``subok`` before the
+subscription's first ``msg``, and the reader handles frames in order, so no push can
+arrive for an unknown subscription). Acks, nacks and touches are fire-and-forget and
+batched: every call of one loop turn goes out in one frame per (op, subscription).
+aiohttp's heartbeat pings the node and closes a connection that stops answering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import WSMsgType
+
+from kapok.client.session import Deliver, SubSpec, remote_error
+from kapok.client.view import Member
+from kapok.errors import AuthError, ConnectionLostError, KapokError, NotActiveError
+
+__all__ = ["MAX_FRAME_BYTES", "NativeSession", "connect_native"]
+
+log = logging.getLogger("kapok.client")
+
+MAX_FRAME_BYTES = 64 * 1024 * 1024  # a push frame is ~256 KiB; bounded all the same
+MAX_CODES = 10_000  # per ack/nack/touch frame, the node's limit
+_DATA = (WSMsgType.TEXT, WSMsgType.BINARY)
+
+
+async def connect_native(
+    http: aiohttp.ClientSession,
+    member: Member,
+    *,
+    secret: str,
+    client: str,
+    heartbeat_s: float,
+    on_error: Callable[[KapokError], None],
+) -> NativeSession:
+    """Open ``/v1/ws`` on ``member``; failures are mapped as ``session`` describes."""
+    try:
+        ws = await http.ws_connect(
+            f"{member.ws_url}/v1/ws",
+            params={"client": client},
+            headers={"Authorization": f"Bearer {secret}"},
+            heartbeat=heartbeat_s,
+            max_msg_size=MAX_FRAME_BYTES,
+            decode_text=False,
+            timeout=aiohttp.ClientWSTimeout(ws_close=5.0),
+        )
+    except aiohttp.WSServerHandshakeError as exc:
+        if exc.status == 401:
+            raise AuthError(f"{member.name} refused the secret key") from None
+        if exc.status == 503:  # a passive slave, or the node is out of connections
+            raise NotActiveError(f"{member.name} takes no clients now (HTTP 503)") from None
+        message = f"{member.name}: WebSocket upgrade failed: HTTP {exc.status}"
+        raise ConnectionLostError(message, False) from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise ConnectionLostError(f"cannot connect to {member.name} ({member.url}): {exc}", False) from None
+    return NativeSession(member, ws, on_error)
+
+
+class NativeSession:
+    supports_nack = True
+
+    def __init__(self, member: Member, ws: Any, on_error: Callable[[KapokError], None]) -> None:
+        self.member = member
+        self._ws = ws
+        self._on_error = on_error
+        self._next_id = 1
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._subscribing: dict[int, Deliver] = {}
+        self._deliver: dict[int, Deliver] = {}
+        self._settles: dict[tuple[str, int, bool], list[str]] = {}
+        self._flushing = False
+        self._closed = False
+        self._done = asyncio.Event()
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ------------------------------------------------------------ requests
+
+    async def _request(self, frame: dict[str, Any]) -> dict[str, Any]:
+        if self._closed:
+            raise ConnectionLostError(f"the connection to {self.member.name} is closed", False)
+        rid = self._next_id
+        self._next_id = rid + 1
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = future
+        frame["id"] = rid
+        try:
+            await self._ws.send_bytes(orjson.dumps(frame))
+        except (ConnectionError, RuntimeError, aiohttp.ClientError) as exc:
+            self._lost(f"write failed: {exc}")
+        return await future
+
+    async def publish(self, msgs: list[dict[str, Any]], topic: str | None = None) -> list[str | KapokError]:
+        frame: dict[str, Any] = {"op": "pub", "msgs": msgs}
+        if topic is not None:
+            frame["topic"] = topic
+        reply = await self._request(frame)
+        codes: list[str | KapokError] = reply["codes"]
+        return codes
+
+    async def subscribe(self, spec: SubSpec, deliver: Deliver) -> int:
+        frame: dict[str, Any] = {"op": "sub", "topic": spec.topic, "ack": spec.ack}
+        for name in ("group", "key", "prefetch", "weight"):
+            value = getattr(spec, name)
+            if value is not None:
+                frame[name] = value
+        self._subscribing[self._next_id] = deliver
+        reply = await self._request(frame)
+        sub: int = reply["sub"]
+        return sub
+
+    def settle(self, op: str, sub: int, codes: list[str], requeue: bool = True) -> None:
+        if self._closed:
+            raise ConnectionLostError(f"the connection to {self.member.name} is closed", False)
+        self._settles.setdefault((op, sub, requeue), []).extend(codes)
+        if not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().call_soon(self._flush_settles)
+
+    def _flush_settles(self) -> None:
+        self._flushing = False
+        settles, self._settles = self._settles, {}
+        frames = []
+        for (op, sub, requeue), codes in settles.items():
+            for i in range(0, len(codes), MAX_CODES):
+                frame: dict[str, Any] = {"op": op, "sub": sub, "codes": codes[i : i + MAX_CODES]}
+                if op == "nack":
+                    frame["requeue"] = requeue
+                frames.append(orjson.dumps(frame))
+        if frames and not self._closed:
+            asyncio.get_running_loop().create_task(self._send_all(frames))
+
+    async def _send_all(self, frames: list[bytes]) -> None:
+        try:
+            for frame in frames:
+                await self._ws.send_bytes(frame)
+        except (ConnectionError, RuntimeError, aiohttp.ClientError) as exc:
+            # The node requeues what this connection held; the reader reports the loss.
+            log.debug("acks to %s not sent: %s", self.member.name, exc)
+
+    # ------------------------------------------------------------ reading
+
+    async def _read(self) -> None:
+        reason = "closed by the node"
+        try:
+            async for msg in self._ws:
+                if msg.type in _DATA:
+                    self._on_frame(msg.data)
+                elif msg.type is WSMsgType.ERROR:
+                    reason = f"error: {self._ws.exception()}"
+                    break
+        except Exception as exc:  # a malformed frame is a broken connection, not a crash
+            reason = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._lost(reason)
+            if not self._ws.closed:
+                await self._ws.close()
+            self._done.set()
+
+    def _on_frame(self, raw: bytes) -> None:
+        frame = orjson.loads(raw)
+        op = frame.get("op")
+        if op == "msg":
+            sub = frame.get("sub")
+            deliver = self._deliver.get(sub)
+            if deliver is not None:
+                deliver(sub, frame["msgs"])
+            return
+        rid = frame.get("id")
+        if op == "subok":
+            deliver = self._subscribing.pop(rid, None)
+            if deliver is not None:
+                self._deliver[frame["sub"]] = deliver
+        elif op == "ping":
+            asyncio.get_running_loop().create_task(self._send_all([orjson.dumps({"op": "pong", "id": rid})]))
+            return
+        elif op == "error":
+            self._subscribing.pop(rid, None)
+            exc = remote_error(frame.get("code"), frame.get("message"), frame.get("codes"))
+            future = self._pending.pop(rid, None) if isinstance(rid, int) else None
+            if future is None:
+                self._on_error(exc)  # e.g. an ack of a code the node no longer holds
+            elif not future.done():
+                future.set_exception(exc)
+            return
+        future = self._pending.pop(rid, None) if isinstance(rid, int) else None
+        if future is not None and not future.done():
+            future.set_result(frame)
+
+    def _lost(self, reason: str) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        pending, self._pending = self._pending, {}
+        message = f"lost the connection to {self.member.name}: {reason}"
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(ConnectionLostError(message))
+        self._deliver.clear()
+        self._subscribing.clear()
+
+    async def wait_closed(self) -> None:
+        await self._done.wait()
+
+    async def close(self) -> None:
+        self._lost("closed by the client")
+        await self._ws.close()
+        await self._reader
