@@ -160,8 +160,8 @@ class _CompatConsumer:
     def __init__(self, outbox: Outbox) -> None:
         self.outbox = outbox
 
-    def push(self, consumer: Consumer, entries: list[Entry]) -> None:
-        self.outbox.send_many(compat_pushes([entry.msg for entry in entries]))
+    def push(self, consumer: Consumer, entries: list[Entry], after: asyncio.Future[None] | None) -> None:
+        self.outbox.send_many(compat_pushes([entry.msg for entry in entries]), after=after)
 
 
 @routes.get("/Consumers/Conn/{topic}/{consumer_id}")

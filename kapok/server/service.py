@@ -41,7 +41,10 @@ MAX_TIMER_S = 1.0
 class Sink(Protocol):
     """Where a connection receives what the broker delivers to one of its consumers."""
 
-    def push(self, consumer: Consumer, entries: list[Entry]) -> None: ...
+    def push(self, consumer: Consumer, entries: list[Entry], after: asyncio.Future[None] | None) -> None:
+        """Send ``entries`` once ``after`` (when given) is done: the WAL write that makes
+        their messages durable."""
+        ...
 
 
 @dataclass(slots=True)
@@ -80,6 +83,8 @@ class BrokerService:
         self.gate: Callable[[bool], None] | None = None
         self.confirm: Callable[[asyncio.Future[None] | None], asyncio.Future[None] | None] | None = None
         self._sinks: dict[int, Sink] = {}
+        self._published = 0  # broker.stats.published when last seen by _settle
+        self._undurable: asyncio.Future[None] | None = None  # the WAL write of the latest publishes
         self._waiters: dict[Group, asyncio.Event] = {}
         self._timer: Timer | None = None
         self._timer_at = math.inf
@@ -102,6 +107,7 @@ class BrokerService:
         with contextlib.suppress(Exception):
             await self.store.aclose(snapshot=False)
         self.broker = Broker(self.config.mq.settings(), self.broker.node_id, journal=store.wants_changes)
+        self._published, self._undurable = 0, None
         self.store = store
         await store.open(self.broker, self.now(), mirror=mirror)
 
@@ -272,19 +278,28 @@ class BrokerService:
 
     def _settle(self) -> asyncio.Future[None] | None:
         broker = self.broker
-        pushes = broker.take_pushes()
-        if pushes:
-            consumers = broker.consumers
-            for cid, entries in pushes.items():
-                sink = self._sinks.get(cid)
-                consumer = consumers.get(cid)
-                if sink is not None and consumer is not None:
-                    sink.push(consumer, entries)
         waiter = None
         if broker.journal:
             changes = broker.take_changes()
             if changes:
                 waiter = self.store.append(changes)
+            if broker.stats.published != self._published:
+                # Messages were stored: until the WAL has them, no consumer may see them (a
+                # crash before the write would make it a message the node never had). WAL
+                # writes complete in order, so waiting for the latest covers every earlier one.
+                self._published = broker.stats.published
+                self._undurable = waiter
+        pushes = broker.take_pushes()
+        if pushes:
+            consumers = broker.consumers
+            after = self._undurable
+            if after is not None and after.done():
+                after = self._undurable = None
+            for cid, entries in pushes.items():
+                sink = self._sinks.get(cid)
+                consumer = consumers.get(cid)
+                if sink is not None and consumer is not None:
+                    sink.push(consumer, entries, after)
         if self._waiters:
             for group in broker.take_woken():
                 event = self._waiters.get(group)

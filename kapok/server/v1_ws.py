@@ -13,6 +13,7 @@ close the connection; they answer the request that caused them.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -167,7 +168,7 @@ class NativeConnection:
             )
         )
 
-    def push(self, consumer: Consumer, entries: list[Entry]) -> None:
+    def push(self, consumer: Consumer, entries: list[Entry], after: asyncio.Future[None] | None) -> None:
         if consumer.id not in self.subs:
             self._confirm(consumer)
         msgs: list[dict[str, Any]] = []
@@ -177,14 +178,17 @@ class NativeConnection:
             msgs.append(message_json(msg, entry))
             size += len(msg.data)
             if size >= PUSH_FRAME_BYTES:
-                self._send_msgs(consumer, msgs)
+                self._send_msgs(consumer, msgs, after)
                 msgs, size = [], 0
         if msgs:
-            self._send_msgs(consumer, msgs)
+            self._send_msgs(consumer, msgs, after)
 
-    def _send_msgs(self, consumer: Consumer, msgs: list[dict[str, Any]]) -> None:
+    def _send_msgs(
+        self, consumer: Consumer, msgs: list[dict[str, Any]], after: asyncio.Future[None] | None
+    ) -> None:
         on_sent = self._auto_acker(consumer.id, [m["code"] for m in msgs]) if consumer.auto_ack else None
-        self.outbox.send(orjson.dumps({"op": "msg", "sub": consumer.id, "msgs": msgs}), on_sent=on_sent)
+        frame = orjson.dumps({"op": "msg", "sub": consumer.id, "msgs": msgs})
+        self.outbox.send(frame, after=after, on_sent=on_sent)
 
     def _auto_acker(self, consumer_id: int, codes: list[str]) -> Callable[[], None]:
         def ack() -> None:

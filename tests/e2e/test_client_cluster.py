@@ -19,7 +19,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import aiohttp
 import pytest
 from tests.chisquare import chi_square_uniform_p
 
@@ -177,19 +176,11 @@ async def test_kill_9_a_master_while_publishing(tmp_path: Path) -> None:
               f"{dict(after_kill)}, redelivered {sum(len(c) > 1 for c in received.values())}")  # fmt: skip
         assert killed_at and producer.stats.node(victim_plan.name).failures >= 1
         assert set(received) == set(confirmed)  # no confirmed message lost
-        # None duplicated by the client: every payload arrived under the code the producer was
-        # told. A node pushes a message before its WAL record is durable, so the victim may
-        # have handed out a batch that died with it (never confirmed, gone after its restart);
-        # the producer's resend then stored it for the first time. Such phantoms are the only
-        # other codes allowed: pushed by the victim, and unknown to it after its restart (so not
-        # a duplicate it recovered).
-        phantoms = {code for payload, codes in received.items() for code in codes - {confirmed[payload]}}
-        assert all(confirmed[payload] in codes for payload, codes in received.items())
-        assert all(origin[c] == victim_plan.name for c in phantoms), [(c, origin[c]) for c in phantoms][:3]
-        async with aiohttp.ClientSession(headers={"Authorization": "Bearer test"}) as http:
-            for code in phantoms:
-                async with http.get(f"{nodes[1].url}/v1/messages/{code}") as response:
-                    assert response.status == 404, code
-        print(f"phantom deliveries of the killed node: {len(phantoms)}")
+        # None duplicated: every payload arrived under the code the producer was told, and no
+        # other. (A node delivers a message only once its WAL record is durable, so the victim
+        # cannot have handed out a message it then lost, which the resend would have stored
+        # again under a second code.)
+        doubles = [(payload, codes) for payload, codes in received.items() if codes != {confirmed[payload]}]
+        assert not doubles, doubles[:3]
     finally:
         stop_all(nodes)

@@ -379,6 +379,32 @@ async def test_always_no_ack_of_any_protocol_before_its_fsync_and_one_fsync_cove
     await ws.ws.close()
 
 
+async def test_always_no_delivery_before_its_messages_fsync(
+    start_node: StartNode, session: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """A consumer never sees a message the node could still lose: a crash before the WAL
+    write would make it a message the node never had (and its producer would send it again)."""
+    gate = GateFsync()
+    node = await start_node(tmp_path / "d", "storage.fsync=always", fsync=gate)
+    producer, consumer = await v1(session, node), await v1(session, node)
+    sub = await consumer.sub("t")
+    await producer.pub("t", "warm-up")
+    await consumer.take(sub, 1)
+    gate.hold()
+    try:
+        await producer.send("pub", topic="t", msgs=[{"data": "held"}])
+        await eventually(lambda: gate.waiting == 1, what="the fsync to start")
+        await round_trip(session, node)  # a push sent early would have arrived by now
+        assert await consumer.poll(-1, 0.01) is None  # reads what arrived (a ping would queue behind it)
+        assert not consumer.inbox.get(sub), "a message was delivered before its fsync finished"
+    finally:
+        gate.release()
+    (pushed,) = await consumer.take(sub, 1)
+    assert pushed["data"] == "held"
+    await producer.ws.close()
+    await consumer.ws.close()
+
+
 async def test_wal_flush_waits_for_the_batch_being_written_too(tmp_path: Path) -> None:
     # Appends between two hand-offs share one future; flush() must also wait for
     # the batch already on the writer thread, not only for the ones still queued.
