@@ -23,7 +23,8 @@ compatibility routes), and the client maps ``code`` back to the same class::
      ├── UnavailableError             this node cannot take the request now (503)
      │    ├── NotActiveError          a passive slave: names the node to use instead
      │    ├── FencedError             a master cut off from its slave and the majority
-     │    └── ReplicationUnavailableError  sync mode, and the paired slave is not there
+     │    └── ReplicationUnavailableError  sync mode, the paired slave gone: nothing stored
+     │         └── ReplicationUnconfirmedError  stored, but the slave did not confirm in time
      ├── ReplicationError             the sync link: a broken rule between master and slave
      │    └── SyncRefusedError        the master refused the slave (``why`` says why)
      ├── StorageError                 reserved for the storage layer
@@ -59,6 +60,7 @@ __all__ = [
     "RateLimitedError",
     "ReplicationError",
     "ReplicationUnavailableError",
+    "ReplicationUnconfirmedError",
     "SlowConsumerError",
     "StorageError",
     "SubscriptionError",
@@ -180,6 +182,14 @@ class ReplicationUnavailableError(UnavailableError):
     """Sync mode: the paired slave has not confirmed in time (never a silent downgrade)."""
 
     code = "replication_unavailable"
+
+
+class ReplicationUnconfirmedError(ReplicationUnavailableError):
+    """Sync mode: the master stored the batch, but its slave did not confirm it within
+    ``sync_timeout_ms``. The batch is in doubt: sending it again (with its dedup ids) to the
+    same pair is safe, sending it elsewhere may store it twice."""
+
+    code = "replication_unconfirmed"
 
 
 class ReplicationError(KapokError):

@@ -56,7 +56,7 @@ from kapok.errors import (
     ConnectionLostError,
     KapokError,
     MessageTooLargeError,
-    ReplicationUnavailableError,
+    ReplicationUnconfirmedError,
     TooManyConnectionsError,
     UnavailableError,
 )
@@ -355,12 +355,14 @@ class Producer(ClientBase):
         except ConnectionLostError as exc:
             self._lane_failed(lane, gen, exc)
             self._retry(lane, batch, exc, in_doubt=exc.in_doubt)
-        except ReplicationUnavailableError as exc:
+        except ReplicationUnconfirmedError as exc:
             # Sync replication: the master stored the batch but its slave did not confirm it.
             # In doubt like a broken connection; the pair's duplicate filter makes a resend safe.
             self._retry(lane, batch, exc, in_doubt=True)
         except (UnavailableError, TooManyConnectionsError) as exc:
-            # not_active (a passive slave), fenced, or full: refused before anything was stored.
+            # not_active (a passive slave), fenced, replication_unavailable (a sync master
+            # without its slave; a resend already stored there is answered with its codes),
+            # or full: refused before anything was stored.
             self._lane_failed(lane, gen, exc)
             self._retry(lane, batch, exc, in_doubt=False)
         except BadRequestError as exc:

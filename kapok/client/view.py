@@ -3,8 +3,9 @@
 ``GET /cluster/nodes`` lists every gossip member. A client uses the members that are
 *live* (alive or suspect: a suspect may still refute) and *active* (they take producers
 and consumers: every master, and a slave once it has taken over). Those are grouped by
-**pair identity**, the name of the pair's master: a master's own name, or for a slave
-the ``pair`` it mirrors. A takeover therefore keeps the pair's identity, and whatever
+**pair identity**, the name of the pair's configured master, which every row carries as
+``pair_id`` whatever the roles are now (for nodes that predate it: a master's own name, or
+for a slave the ``pair`` it mirrors). A takeover therefore keeps the pair's identity, and whatever
 the client tied to that pair (a key's messages, a batch in doubt, a subscription) moves
 to the slave instead of to another shard. When two members of one pair both say they are
 active (a master that has not yet learnt it was replaced), the higher ``epoch`` wins.
@@ -66,7 +67,7 @@ def members_from_nodes(rows: Iterable[Any]) -> list[Member]:
         name, url = _text(row, "name"), _text(row, "http_url").rstrip("/")
         if active is not True or not name or not url.startswith(("http://", "https://")):
             continue
-        pair = name if role == "master" else (_text(row, "pair") or name)
+        pair = _text(row, "pair_id") or (name if role == "master" else (_text(row, "pair") or name))
         epoch = row.get("epoch")
         epoch = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else 0
         out.append(Member(name, url, pair, epoch, _number(row, "load"), role))

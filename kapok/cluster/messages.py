@@ -61,7 +61,9 @@ class NodeMeta:
     other node of the pair (``None`` when unpaired), ``epoch`` is the pair's fencing
     epoch as this node knows it, ``active`` says whether it takes producers and
     consumers now, and ``lag`` is, on a slave, how far it is behind its master
-    (records, bytes, seconds; ``None`` when it is not following). ``load`` is a
+    (records, bytes, seconds; ``None`` when it is not following). ``pair_id`` names the
+    pair whatever its roles are now: the configured master's name (a takeover or a
+    give-back does not change it; clients tie keys and retries to it). ``load`` is a
     free-form figure the node publishes (higher = busier).
     """
 
@@ -74,6 +76,7 @@ class NodeMeta:
     epoch: int = 0
     active: bool = True
     lag: tuple[int, int, float] | None = None
+    pair_id: str = ""  # "" = the node's own name (an older node, or no pair)
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,6 +83,17 @@ class Admission:
             self._charge_producers(drafts, now)
         return Admitted(slots, per_topic)
 
+    def known_codes(self, drafts: list[Draft], now: float) -> list[str] | None:
+        """The codes of a batch made only of known duplicates (every draft has a dedup id the
+        window remembers), else None: such a batch stores nothing when it is sent again."""
+        codes = []
+        for d in drafts:
+            code = self.dedup.get(d.topic, d.dedup_id, now) if d.dedup_id else None
+            if code is None:
+                return None
+            codes.append(code)
+        return codes
+
     def _find_duplicates(
         self, drafts: list[Draft], slots: list[str | int | None], now: float
     ) -> dict[str, int]:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kapok.config import ReplicationConfig
 from kapok.core.broker import Broker
 from kapok.core.replay import state_records
-from kapok.errors import ReplicationError, ReplicationUnavailableError
+from kapok.errors import ReplicationError, ReplicationUnavailableError, ReplicationUnconfirmedError
 from kapok.replication.backlog import Backlog
 from kapok.replication.link import SyncLink
 from kapok.replication.protocol import (
@@ -135,7 +135,8 @@ class Leader:
     # ------------------------------------------------------------ sync mode
 
     def check_writable(self) -> None:
-        """Sync mode: refuse a publish up front while the paired slave has been gone too long."""
+        """Sync mode: refuse a publish up front (nothing is stored) while the paired slave
+        has been gone too long."""
         gone = not self.link_up and self.silent_s() * 1000 >= self.cfg.sync_timeout_ms
         if self.cfg.mode == "sync" and self.pair.state.paired and gone:
             raise ReplicationUnavailableError(
@@ -178,7 +179,7 @@ class Leader:
             if not future.done():
                 self.sync_timeouts += 1
                 future.set_exception(
-                    ReplicationUnavailableError(
+                    ReplicationUnconfirmedError(
                         f"sync replication: the slave did not confirm within {self.cfg.sync_timeout_ms} ms"
                     )
                 )
@@ -348,7 +349,7 @@ class Leader:
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
-        self.fail_waiters(ReplicationUnavailableError("this node is no longer the master"))
+        self.fail_waiters(ReplicationUnconfirmedError("stored, but this node is no longer the master"))
         if self.session is not None:
             await self.session.link.close("the master is stopping")
 

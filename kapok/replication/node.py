@@ -133,6 +133,13 @@ class ReplicationNode:
     def active(self) -> bool:
         return self.role is Role.LEADER
 
+    @property
+    def pair_id(self) -> str:
+        """The pair's name whatever its roles now: its configured master's name."""
+        if self.configured_role == "master" or self.state.partner is None:
+            return self.name
+        return self.state.partner
+
     def _save(self, state: PairState) -> None:
         self.state = state
         state.save(self.directory)

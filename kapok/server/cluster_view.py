@@ -44,6 +44,7 @@ def node_meta(app: web.Application) -> NodeMeta:
         epoch=node.state.epoch,
         active=node.active,
         lag=node.lag(),
+        pair_id=node.pair_id,
     )
 
 
@@ -92,6 +93,7 @@ def member_rows(app: web.Application) -> list[dict[str, Any]]:
                 "role": meta.role,
                 "active": meta.active,  # takes producers and consumers now
                 "pair": meta.pair,
+                "pair_id": meta.pair_id or m.name,  # the pair, whatever its roles now
                 "epoch": meta.epoch,
                 "lag": None if lag is None else {"records": lag[0], "bytes": lag[1], "seconds": lag[2]},
                 "version": meta.version,

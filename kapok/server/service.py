@@ -26,7 +26,13 @@ from kapok.config import Config
 from kapok.core.broker import Broker, Draft, Settle
 from kapok.core.model import Consumer, Entry
 from kapok.core.topics import Group
-from kapok.errors import BadRequestError, BrokerError, NotFoundError
+from kapok.errors import (
+    BadRequestError,
+    BrokerError,
+    NotFoundError,
+    ReplicationUnavailableError,
+    UnavailableError,
+)
 from kapok.storage import MemoryStore, Store
 
 __all__ = ["BrokerService", "ClientInfo", "Sink"]
@@ -152,14 +158,18 @@ class BrokerService:
     def publish(self, drafts: Sequence[Draft]) -> tuple[list[str], asyncio.Future[None] | None]:
         """Store a batch; returns the codes and what to await before confirming them."""
         if self.gate is not None:
-            self.gate(True)
+            try:
+                self.gate(True)
+            except ReplicationUnavailableError:
+                # A batch sent again after a failover, all of it already here (replicated
+                # before the master died): answer its codes, there is nothing to store.
+                known = self.broker.admission.known_codes(list(drafts), self.now())
+                if known is None:
+                    raise
+                self.broker.stats.duplicates += len(known)
+                return known, None
         codes = self.broker.publish(drafts, self.now())
-        return codes, self._confirmed()
-
-    def _confirmed(self) -> asyncio.Future[None] | None:
-        """Settle the outputs of a write; what its producer's confirmation must wait for."""
-        durable = self._settle()
-        return durable if self.confirm is None else self.confirm(durable)
+        return codes, self._settle()
 
     def check_active(self) -> None:
         """Raise when this node takes no clients now (see ``gate``)."""
@@ -228,7 +238,7 @@ class BrokerService:
         draft = Draft(origin, msg.data, msg.key, msg.priority, producer_id=msg.producer_id)
         (new_code,) = self.broker.publish([draft], now)  # raises (queue_full...) before anything changes
         self.broker.finish(code, "requeued", now)
-        return new_code, self._confirmed()
+        return new_code, self._settle()
 
     async def pull(
         self, topic: str, group: str | None, max_n: int, lease_s: float, wait_s: float
@@ -277,6 +287,9 @@ class BrokerService:
     # ------------------------------------------------------------ outputs
 
     def _settle(self) -> asyncio.Future[None] | None:
+        """Hand the broker's outputs on: change records to the store, pushes to their
+        connections, woken long polls; returns what a write's confirmation waits for (its
+        records durable, and with sync replication on its slave too)."""
         broker = self.broker
         waiter = None
         if broker.journal:
@@ -284,11 +297,15 @@ class BrokerService:
             if changes:
                 waiter = self.store.append(changes)
             if broker.stats.published != self._published:
-                # Messages were stored: until the WAL has them, no consumer may see them (a
-                # crash before the write would make it a message the node never had). WAL
-                # writes complete in order, so waiting for the latest covers every earlier one.
+                # Messages were stored: no consumer may see them before they are confirmed (a
+                # crash before that would make them messages the node, or its slave taking
+                # over, never had). Confirmations complete in order, so waiting for the
+                # latest covers every earlier one.
                 self._published = broker.stats.published
-                self._undurable = waiter
+                local = waiter
+                if self.confirm is not None:
+                    waiter = self.confirm(local)
+                self._undurable = waiter if waiter is local or waiter is None else _delivered_after(waiter)
         pushes = broker.take_pushes()
         if pushes:
             consumers = broker.consumers
@@ -327,3 +344,20 @@ class BrokerService:
         except Exception:  # a bug must not stop the node's clock
             log.exception("broker tick failed")
         self._settle()
+
+
+def _delivered_after(confirmed: asyncio.Future[None]) -> asyncio.Future[None]:
+    """When the pushes of messages awaiting ``confirmed`` may go: once it is done, even when
+    the slave did not confirm in time (the messages are stored here: holding them back for
+    good would be worse); never when the node's own storage failed."""
+    out: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def done(f: asyncio.Future[None]) -> None:
+        exc = None if f.cancelled() else f.exception()
+        if exc is None or isinstance(exc, UnavailableError):
+            out.set_result(None)
+        else:
+            out.set_exception(exc)
+
+    confirmed.add_done_callback(done)
+    return out

@@ -26,6 +26,7 @@ from kapok.client import Consumer, Message, Producer
 from kapok.errors import ConnectionLostError
 from kapok.launch import NodeProcess, nodes_view, stop_all, wait_for
 from kapok.local_cluster import plan_cluster, start_planned, start_plans
+from kapok.replication.trial import state_of as fetch_state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -184,3 +185,78 @@ async def test_kill_9_a_master_while_publishing(tmp_path: Path) -> None:
         assert not doubles, doubles[:3]
     finally:
         stop_all(nodes)
+
+
+async def test_the_client_follows_a_takeover_to_the_slave(tmp_path: Path) -> None:
+    """kill -9 a master that has a slave: the consumer moves to the slave once it takes over
+    and gets what the master had not delivered; the producer's batches in doubt go to that
+    pair first (a batch the slave already holds is answered with its codes: the slave keeps
+    the master's duplicate filter; sync replication refuses anything new while its partner
+    is gone, and such a batch goes elsewhere), so nothing confirmed is lost or doubled."""
+    plans = plan_cluster(2, slaves=True)  # m1, m2 and their slaves s1, s2 (sync replication)
+    nodes = start_plans(tmp_path, plans)
+    by_name = {plan.name: node for plan, node in zip(plans, nodes, strict=True)}
+    total = 20_000
+    received: dict[str, set[str]] = collections.defaultdict(set)
+    after_kill: collections.Counter[str] = collections.Counter()
+    killed: list[float] = []
+    who: dict[str, tuple[str, bool]] = {}
+
+    async def consume(consumer: Consumer) -> None:
+        while True:
+            msg: Message = await consumer.get()
+            received[msg.text].add(msg.code)
+            who.setdefault(msg.code, (msg.node, bool(killed)))
+            if killed:
+                after_kill[msg.node] += 1
+            with contextlib.suppress(ConnectionLostError):
+                await msg.ack()
+
+    try:
+        wait_for(lambda: all(_paired(by_name[m].url) for m in ("m1", "m2")), DEADLINE_S, 0.1)
+        fast = {"backoff_cap_s": 0.5, "refresh_interval_s": 0.5}
+        consumer = Consumer(by_name["m2"].url, topic="takeover", **fast)
+        producer = Producer(  # in doubt: wait for the pair longer than a takeover takes (3 s)
+            by_name["m2"].url, topic="takeover", in_doubt_wait_s=15.0, publish_timeout_s=90.0, **fast
+        )
+        async with consumer, producer:
+            loop = asyncio.get_running_loop()
+            reader = loop.create_task(consume(consumer))
+
+            async def publish_all() -> list[asyncio.Future[str]]:
+                futures = []
+                for i in range(total):
+                    futures.append(await producer.send(str(i)))
+                    if i % 200 == 0:
+                        await asyncio.sleep(0)
+                return futures
+
+            sender = loop.create_task(publish_all())
+            deadline = time.monotonic() + DEADLINE_S
+            while producer.stats.node("m1").confirmed < 1000:
+                assert not sender.done() and time.monotonic() < deadline, "the kill would come too late"
+                await asyncio.sleep(0.005)
+            by_name["m1"].kill()
+            killed.append(time.monotonic())
+            futures = await asyncio.wait_for(sender, 120)
+            await asyncio.wait_for(producer.flush(), 120)
+            failed = [f.exception() for f in futures if f.exception() is not None]
+            assert not failed, failed[:3]
+            confirmed = {str(i): f.result() for i, f in enumerate(futures)}
+            deadline = time.monotonic() + 60
+            while len(received) < total:
+                assert time.monotonic() < deadline, f"{len(received)} of {total} received"
+                await asyncio.sleep(0.05)
+            reader.cancel()
+        print(f"\nkill -9 m1: received after the kill {dict(after_kill)}, retried {producer.stats.retried}")
+        assert after_kill["s1"] > 0  # the slave delivered once it took over
+        assert set(received) == set(confirmed)
+        doubles = [(payload, codes) for payload, codes in received.items() if codes != {confirmed[payload]}]
+        assert not doubles, [(p, [(c, who.get(c)) for c in codes]) for p, codes in doubles[:3]]
+    finally:
+        stop_all(nodes)
+
+
+def _paired(url: str) -> bool:
+    state = fetch_state(url)
+    return bool(state.get("link_up")) and state.get("role") == "leader"

@@ -10,6 +10,7 @@ anywhere.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -40,7 +41,7 @@ class _Sink:
     def __init__(self) -> None:
         self.entries: list[Entry] = []
 
-    def push(self, consumer: Consumer, entries: list[Entry]) -> None:
+    def push(self, consumer: Consumer, entries: list[Entry], after: asyncio.Future[None] | None) -> None:
         self.entries.extend(entries)
 
 

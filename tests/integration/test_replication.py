@@ -210,3 +210,22 @@ def test_a_transfer_replaces_the_store_only_once_it_is_whole(tmp_path: Path) -> 
     assert [p.name for p in (tmp_path / "snapshots").iterdir()] == ["snapshot-00000000000000000042.snap"]
     assert not (tmp_path / "transfer").exists()
     assert install_transfer(tmp_path) is None
+
+
+async def test_after_a_takeover_a_batch_sent_again_is_answered_from_the_replicated_dedup_filter(
+    start: Start, session: aiohttp.ClientSession
+) -> None:
+    # No gossip: the link alone decides, so stopping the master is enough for a takeover.
+    master, slave = await pair(start, "replication.failover_timeout_s=0.3")
+    batch = {"messages": [{"data": f"m{i}", "dedup_id": f"d{i}"} for i in range(5)]}
+    async with session.post(f"{master.url}/v1/topics/jobs/messages", json=batch, headers=AUTH) as resp:
+        codes = (await resp.json())["codes"]
+    await master.stop()
+    await eventually(lambda: slave.replication.active, timeout_s=T, what="the takeover")
+    # Sync mode and the partner gone: nothing new is stored, but the known batch is answered.
+    async with session.post(f"{slave.url}/v1/topics/jobs/messages", json=batch, headers=AUTH) as resp:
+        assert resp.status == 200, await resp.text()
+        assert (await resp.json())["codes"] == codes
+    mixed = {"messages": [*batch["messages"], {"data": "new", "dedup_id": "d-new"}]}
+    async with session.post(f"{slave.url}/v1/topics/jobs/messages", json=mixed, headers=AUTH) as resp:
+        assert resp.status == 503 and (await resp.json())["error"] == "replication_unavailable"

@@ -296,7 +296,7 @@ class Collect:
     def __init__(self) -> None:
         self.entries: list[Entry] = []
 
-    def push(self, consumer: Consumer, entries: list[Entry]) -> None:
+    def push(self, consumer: Consumer, entries: list[Entry], after: asyncio.Future[None] | None) -> None:
         self.entries.extend(entries)
 
 

@@ -121,6 +121,18 @@ def test_a_slave_that_took_over_serves_its_masters_pair() -> None:
     assert view["m1"].name == "s1"
 
 
+def test_the_pair_id_keeps_a_pair_whole_whatever_its_roles_now() -> None:
+    # As a node reports them: once the slave has taken over, it is the pair's master
+    # (role "master"), and every row names the pair by its configured master (pair_id).
+    rows = [
+        _row("m1", state="dead", pair="s1", pair_id="m1"),
+        _row("s1", role="master", active=True, pair="m1", epoch=2, pair_id="m1"),
+        _row("m2", pair_id="m2"),
+    ]
+    view = by_pair(members_from_nodes(rows))
+    assert sorted(view) == ["m1", "m2"] and view["m1"].name == "s1"
+
+
 def test_rows_without_the_active_field_count_masters_as_active() -> None:
     rows = [_row("m1"), _row("s1", role="slave", pair="m1")]
     for row in rows:

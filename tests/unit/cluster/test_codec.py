@@ -45,6 +45,7 @@ def metas(draw: st.DrawFn, name: str | None = None) -> NodeMeta:
         draw(seqs),
         draw(st.booleans()),
         draw(st.none() | st.tuples(seqs, seqs, st.floats(min_value=0, max_value=1e9))),
+        draw(names | st.just("")),
     )
 
 
@@ -147,7 +148,8 @@ def test_authentic_but_malformed_bodies_are_errors(value: object) -> None:
         b'[[4,1,"a","b",["u","r",null,"v",0,-1]]]',  # negative epoch
         b'[[4,1,"a","b",["u","r",null,"v",0,1,"yes"]]]',  # active not a boolean
         b'[[4,1,"a","b",["u","r",null,"v",0,1,true,[1,2]]]]',  # short lag
-        b'[[4,1,"a","b",["u","r",null,"v",0,1,true,null,9]]]',  # too many meta fields
+        b'[[4,1,"a","b",["u","r",null,"v",0,1,true,null,"p",9]]]',  # too many meta fields
+        b'[[4,1,"a","b",["u","r",null,"v",0,1,true,null,9]]]',  # pair_id not a string
         b'[[6,"s","a",false,true,[["n","a",1,"zombie",["u","r",null,"v",0]]]]]',  # unknown state
         b'[[6,"s","a",false,true,[["n"]]]]',  # short row
         b'[[3,1,"' + b"x" * 300 + b'","b"]]',  # name over the length limit
@@ -170,7 +172,7 @@ def test_meta_of_a_first_version_node_reads_with_defaults() -> None:
     # Nodes before replication sent five meta fields: an old master is active, epoch 0.
     (alive,) = Codec().decode(_plain(b'[[4,3,"a","a:1",["http://a","master",null,"v",1.5]]]'))
     assert isinstance(alive, Alive)
-    assert alive.meta == NodeMeta("a", "http://a", "master", None, "v", 1.5, 0, True, None)
+    assert alive.meta == NodeMeta("a", "http://a", "master", None, "v", 1.5, 0, True, None, "")
     (alive,) = Codec().decode(_plain(b'[[4,3,"b","b:1",["http://b","slave","a","v",0]]]'))
     assert isinstance(alive, Alive) and alive.meta.active is False
 
