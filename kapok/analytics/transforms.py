@@ -1,0 +1,244 @@
+"""The analytics job's logic, as pure functions DataFrame → DataFrame.
+
+Input: the archive's JSON lines (``kapok.storage.archive``), one lifecycle event a
+line: ``{"ev", "code", "topic", "group", "t", ...}`` with ``t`` in unix seconds
+(a message's creation time for ``published``).
+
+Rules, each in one function below:
+
+* A line that is not a whole JSON event (the cut last line a crash leaves) is
+  skipped; ``parse_lines`` keeps it as a row whose ``ev`` is null, so that the job
+  can count it.
+* Every event counts in the UTC hour and day of its own ``t``: a message published
+  at 23:59 and acked at 00:01 counts as published on one day and acked on the next.
+* Counts are exact sums over events. ``bytes`` is the payload bytes published.
+  ``redelivered`` counts deliveries with ``attempt`` > 1, and the redelivery ratio
+  is redelivered / delivered (0 when nothing was delivered).
+* Delivery latency is ack time − creation time (the ``acked`` event's ``t`` minus
+  its message's ``published`` ``create_time``), in milliseconds, counted in the
+  hour of the ack. An ack whose ``published`` event is not in the input (aged out
+  of the archive) has no latency. Percentiles come from Spark's
+  ``percentile_approx`` with ``LATENCY_ACCURACY``: the value returned for p is one
+  of the latencies whose rank is within n / LATENCY_ACCURACY of ⌈p·n⌉.
+* Counts are per topic, summed over its groups (a message acked by two groups
+  counts two acks). A dead letter is also published to ``<topic>.dlq``, which is a
+  topic of its own.
+
+Hours are ``timestamp`` instants (independent of the session's time zone); days
+are ``YYYY-MM-DD`` strings of the UTC date.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+__all__ = [
+    "COUNTED_EVENTS",
+    "EVENT_SCHEMA",
+    "LATENCY_ACCURACY",
+    "PERCENTILES",
+    "daily_counts",
+    "events_only",
+    "events_since",
+    "hourly_counts",
+    "hourly_table",
+    "latencies",
+    "latency_percentiles",
+    "line_totals",
+    "parse_lines",
+    "summary",
+    "topic_totals",
+]
+
+# The fields the job reads (others in a line are ignored). Explicit, so Spark never
+# scans the input a second time to infer a schema.
+EVENT_SCHEMA: Final = (
+    "ev STRING, code STRING, topic STRING, `group` STRING, t DOUBLE, create_time DOUBLE, "
+    "size LONG, attempt INT"
+)
+# Event kinds counted per topic × hour, each into a column of the same name.
+COUNTED_EVENTS: Final = ("published", "delivered", "acked", "retried", "dead_lettered", "expired", "dropped")
+# Summed columns of the hourly table, in order (summing hours gives days exactly).
+SUMS: Final = (*COUNTED_EVENTS, "bytes", "redelivered")
+LATENCY_ACCURACY: Final = 10_000  # percentile_approx's accuracy: rank error at most n / 10,000
+PERCENTILES: Final = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
+_HOUR_S: Final = 3600
+_DAY_S: Final = 86400
+
+
+def parse_lines(lines: DataFrame) -> DataFrame:
+    """Text lines (a ``value`` column) → the event fields; all null where a line is no event."""
+    parsed = F.from_json(F.col("value"), EVENT_SCHEMA, {"mode": "PERMISSIVE"})
+    return lines.select(parsed.alias("e")).select("e.*")
+
+
+def _is_event() -> Column:
+    return F.col("ev").isNotNull() & F.col("t").isNotNull()
+
+
+def _in_window(since_t: float | None) -> Column:
+    return F.lit(True) if since_t is None else F.col("t") >= F.lit(since_t)
+
+
+def events_only(parsed: DataFrame) -> DataFrame:
+    return parsed.where(_is_event())
+
+
+def events_since(events: DataFrame, since_t: float | None) -> DataFrame:
+    """The events at or after unix time ``since_t`` (all of them for None)."""
+    return events if since_t is None else events.where(_in_window(since_t))
+
+
+def line_totals(parsed: DataFrame, since_t: float | None) -> DataFrame:
+    """One row: ``skipped`` lines (no event), ``events`` in the window, ``all_events``."""
+    return parsed.agg(
+        F.count(F.when(~_is_event(), 1)).alias("skipped"),
+        F.count(F.when(_is_event() & _in_window(since_t), 1)).alias("events"),
+        F.count(F.when(_is_event(), 1)).alias("all_events"),
+    )
+
+
+def _hour(t: Column) -> Column:
+    return F.timestamp_seconds(F.floor(t / _HOUR_S) * _HOUR_S)
+
+
+def _day(t: Column) -> Column:
+    return F.date_from_unix_date(F.floor(t / _DAY_S).cast("int")).cast("string")
+
+
+def _is(kind: str) -> Column:
+    return F.col("ev") == F.lit(kind)
+
+
+def _ratio(part: str, whole: str) -> Column:
+    return F.when(F.col(whole) > 0, F.col(part) / F.col(whole)).otherwise(F.lit(0.0))
+
+
+def hourly_counts(events: DataFrame) -> DataFrame:
+    """Per topic × hour: ``COUNTED_EVENTS``, ``bytes``, ``redelivered``, ``redelivery_ratio``, ``day``."""
+    sums = [F.count(F.when(_is(kind), 1)).alias(kind) for kind in COUNTED_EVENTS]
+    sums.append(F.coalesce(F.sum(F.when(_is("published"), F.col("size"))), F.lit(0)).alias("bytes"))
+    sums.append(F.count(F.when(_is("delivered") & (F.col("attempt") > 1), 1)).alias("redelivered"))
+    return (
+        events.where(F.col("topic").isNotNull())  # ``deleted`` events carry no topic
+        .withColumn("hour_t", F.floor(F.col("t") / _HOUR_S) * _HOUR_S)
+        .groupBy("topic", "hour_t")
+        .agg(*sums)
+        .select(
+            "topic",
+            _hour(F.col("hour_t")).alias("hour"),
+            _day(F.col("hour_t")).alias("day"),
+            *SUMS,
+            _ratio("redelivered", "delivered").alias("redelivery_ratio"),
+        )
+    )
+
+
+def latencies(acks_from: DataFrame, published_from: DataFrame) -> DataFrame:
+    """One row per ack with a known creation time: ``topic``, ``hour``, ``latency_ms``.
+
+    Acks come from ``acks_from`` (the window looked at), creation times from
+    ``published_from`` (everything: a message acked in the window may have been
+    published before it). A code published twice (two archives of one node) counts once.
+    """
+    created = (
+        published_from.where(_is("published")).groupBy("code").agg(F.min("create_time").alias("create_time"))
+    )
+    acks = acks_from.where(_is("acked")).select("code", "topic", F.col("t").alias("acked_t"))
+    return acks.join(created, "code").select(
+        "topic",
+        _hour(F.col("acked_t")).alias("hour"),
+        ((F.col("acked_t") - F.col("create_time")) * 1000.0).alias("latency_ms"),
+    )
+
+
+def latency_percentiles(latency: DataFrame) -> DataFrame:
+    """Per topic × hour, and per topic overall (``hour`` null): p50, p95, p99, max and ``acks``.
+
+    One pass for both levels (a rollup): the overall percentiles cannot be derived
+    from the hourly ones.
+    """
+    sketch = F.percentile_approx("latency_ms", list(PERCENTILES.values()), LATENCY_ACCURACY)
+    return (
+        latency.rollup("topic", "hour")
+        .agg(
+            sketch.alias("ps"),
+            F.max("latency_ms").alias("max"),
+            F.count("*").alias("acks"),
+            F.grouping("topic").alias("no_topic"),
+        )
+        .where(F.col("no_topic") == 0)  # drop the grand total over every topic
+        .select(
+            "topic",
+            "hour",
+            *(F.col("ps")[i].alias(name) for i, name in enumerate(PERCENTILES)),
+            "max",
+            "acks",
+        )
+    )
+
+
+def hourly_table(counts: DataFrame, percentiles: DataFrame) -> DataFrame:
+    """``hourly_counts`` with the hour's latency (``latency_p50_ms`` … ``latency_max_ms``; null
+    without acks of known creation time)."""
+    hourly = percentiles.where(F.col("hour").isNotNull()).select(
+        "topic",
+        "hour",
+        *(F.col(name).alias(f"latency_{name}_ms") for name in (*PERCENTILES, "max")),
+    )
+    return counts.join(hourly, ["topic", "hour"], "left")
+
+
+def daily_counts(hourly: DataFrame) -> DataFrame:
+    """Per topic × day: the hours' sums, and the day's redelivery ratio."""
+    return (
+        hourly.groupBy("topic", "day")
+        .agg(*(F.sum(name).alias(name) for name in SUMS))
+        .withColumn("redelivery_ratio", _ratio("redelivered", "delivered"))
+    )
+
+
+def topic_totals(daily: DataFrame, percentiles: DataFrame) -> DataFrame:
+    """Per topic: the days' sums, and the overall latency percentiles."""
+    overall = percentiles.where(F.col("hour").isNull()).select(
+        "topic", *(F.col(name).alias(f"latency_{name}_ms") for name in (*PERCENTILES, "max"))
+    )
+    sums = daily.groupBy("topic").agg(*(F.sum(name).alias(name) for name in SUMS))
+    return sums.join(overall, "topic", "left")
+
+
+# ---------------------------------------------------------------------------------------
+# summary.json (plain Python on the collected rows: a few per topic and day)
+
+SUMMARY_COUNTS: Final = ("published", "delivered", "acked", "retried", "dead_lettered", "expired")
+
+
+def _ms(value: Any) -> float | None:
+    return None if value is None else round(float(value), 3)
+
+
+def summary(
+    topics: Iterable[Mapping[str, Any]], days: Iterable[Mapping[str, Any]], generated_at: str
+) -> dict[str, Any]:
+    """The console's ``summary.json`` from ``topic_totals`` and ``daily_counts`` rows.
+
+    ``{"generated_at", "topics": {t: {counts…, "latency_ms": {"p50", "p95", "p99"}}},
+    "days": [{"day", "topic", counts…, "dropped", "bytes", "redelivery_ratio"}]}``,
+    days sorted by day then topic; a latency is null where no ack had a known creation time.
+    """
+    out_topics: dict[str, Any] = {}
+    for row in sorted(topics, key=lambda r: str(r["topic"])):
+        entry: dict[str, Any] = {name: int(row[name]) for name in SUMMARY_COUNTS}
+        entry["latency_ms"] = {name: _ms(row[f"latency_{name}_ms"]) for name in PERCENTILES}
+        out_topics[str(row["topic"])] = entry
+    out_days = []
+    for row in sorted(days, key=lambda r: (str(r["day"]), str(r["topic"]))):
+        day: dict[str, Any] = {"day": str(row["day"]), "topic": str(row["topic"])}
+        day.update({name: int(row[name]) for name in (*SUMMARY_COUNTS, "dropped", "bytes")})
+        day["redelivery_ratio"] = round(float(row["redelivery_ratio"]), 6)
+        out_days.append(day)
+    return {"generated_at": generated_at, "topics": out_topics, "days": out_days}
