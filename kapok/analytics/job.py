@@ -10,8 +10,10 @@ It only wires; every rule lives in ``kapok.analytics.transforms``. Output, under
 * ``summary.json``: what the console draws (``transforms.summary``), replaced
   atomically on a local disk, so a reader never sees half of it.
 
-The parsed lines are cached (memory, then disk) because four aggregations read
-them; the aggregates are small (a row per topic and hour) and cached too.
+The input is not cached: each of the two passes over it (counts, with the line
+totals observed on the way; latencies) parses only the fields it needs, which costs
+less than caching every field of every line. The aggregates are small (a row per topic and hour) and
+are cached, as each feeds several outputs.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import orjson
 from py4j.protocol import Py4JError
 from pyspark import StorageLevel
 from pyspark.errors import PySparkException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 
 from kapok.analytics import transforms as tf
 from kapok.analytics.session import first_line
@@ -72,35 +74,35 @@ def _run(
     now: float,
     progress: Callable[[str], None],
 ) -> JobResult:
-    if sources:
-        lines = spark.read.text(list(sources))
-    else:  # a node that has archived nothing yet
-        lines = spark.createDataFrame([], "value STRING")
+    rows = (
+        spark.read.schema(tf.EVENT_SCHEMA).option("mode", "PERMISSIVE").json(list(sources))
+        if sources
+        else spark.createDataFrame([], tf.EVENT_SCHEMA)  # a node that has archived nothing yet
+    )
     cached: list[DataFrame] = []
 
-    def cache(frame: DataFrame, level: StorageLevel = StorageLevel.MEMORY_AND_DISK) -> DataFrame:
-        cached.append(frame.persist(level))
+    def cache(frame: DataFrame) -> DataFrame:
+        cached.append(frame.persist(StorageLevel.MEMORY_AND_DISK))
         return frame
 
     try:
-        parsed = cache(tf.parse_lines(lines))
-        all_events = tf.events_only(parsed)
-        events = tf.events_since(all_events, since_t)
-        totals = tf.line_totals(parsed, since_t).first()
-        assert totals is not None
+        # The line counts ride along the first pass over the input (an observation).
+        lines = Observation("lines")
+        events = tf.events_only(rows.observe(lines, *tf.line_metrics(since_t)))
+        counts = tf.hourly_counts(tf.events_since(events, since_t))
+        percentiles = cache(tf.latency_percentiles(tf.latencies(tf.events_only(rows), since_t)))
+        hourly = cache(tf.hourly_table(counts, percentiles))
+        topic_hours = hourly.count()
+        totals = lines.get
         skipped, count = int(totals["skipped"]), int(totals["events"])
         if skipped and not totals["all_events"]:
             raise AnalyticsError(f"not an archive: none of the {skipped} lines read is a lifecycle event")
         progress(f"{count:,} events" + (f" ({skipped:,} torn or foreign lines skipped)" if skipped else ""))
-
-        percentiles = cache(tf.latency_percentiles(tf.latencies(events, all_events)))
-        hourly = cache(tf.hourly_table(tf.hourly_counts(events), percentiles))
         daily = cache(tf.daily_counts(hourly))
         hourly.repartition("day").write.mode("overwrite").partitionBy("day").parquet(_join(output, "hourly"))
         daily.repartition("day").write.mode("overwrite").partitionBy("day").parquet(_join(output, "daily"))
         topic_rows = [row.asDict() for row in tf.topic_totals(daily, percentiles).collect()]
         day_rows = [row.asDict() for row in daily.collect()]
-        topic_hours = hourly.count()
     finally:
         for frame in cached:
             frame.unpersist()

@@ -6,9 +6,10 @@ line: ``{"ev", "code", "topic", "group", "t", ...}`` with ``t`` in unix seconds
 
 Rules, each in one function below:
 
-* A line that is not a whole JSON event (the cut last line a crash leaves) is
-  skipped; ``parse_lines`` keeps it as a row whose ``ev`` is null, so that the job
-  can count it.
+* The job reads the lines with Spark's JSON reader and ``EVENT_SCHEMA``; a line that
+  is not a whole JSON object (the cut last line a crash leaves) becomes a row whose
+  fields are all null. ``events_only`` drops such rows and ``line_metrics`` counts
+  them.
 * Every event counts in the UTC hour and day of its own ``t``: a message published
   at 23:59 and acked at 00:01 counts as published on one day and acked on the next.
 * Counts are exact sums over events. ``bytes`` is the payload bytes published.
@@ -48,17 +49,15 @@ __all__ = [
     "hourly_table",
     "latencies",
     "latency_percentiles",
-    "line_totals",
-    "parse_lines",
+    "line_metrics",
     "summary",
     "topic_totals",
 ]
 
 # The fields the job reads (others in a line are ignored). Explicit, so Spark never
-# scans the input a second time to infer a schema.
+# scans the input to infer a schema; and each aggregation parses only the fields it uses.
 EVENT_SCHEMA: Final = (
-    "ev STRING, code STRING, topic STRING, `group` STRING, t DOUBLE, create_time DOUBLE, "
-    "size LONG, attempt INT"
+    "ev STRING, code STRING, topic STRING, t DOUBLE, create_time DOUBLE, size LONG, attempt INT"
 )
 # Event kinds counted per topic × hour, each into a column of the same name.
 COUNTED_EVENTS: Final = ("published", "delivered", "acked", "retried", "dead_lettered", "expired", "dropped")
@@ -70,12 +69,6 @@ _HOUR_S: Final = 3600
 _DAY_S: Final = 86400
 
 
-def parse_lines(lines: DataFrame) -> DataFrame:
-    """Text lines (a ``value`` column) → the event fields; all null where a line is no event."""
-    parsed = F.from_json(F.col("value"), EVENT_SCHEMA, {"mode": "PERMISSIVE"})
-    return lines.select(parsed.alias("e")).select("e.*")
-
-
 def _is_event() -> Column:
     return F.col("ev").isNotNull() & F.col("t").isNotNull()
 
@@ -84,8 +77,9 @@ def _in_window(since_t: float | None) -> Column:
     return F.lit(True) if since_t is None else F.col("t") >= F.lit(since_t)
 
 
-def events_only(parsed: DataFrame) -> DataFrame:
-    return parsed.where(_is_event())
+def events_only(rows: DataFrame) -> DataFrame:
+    """The rows that are events (not torn or foreign lines)."""
+    return rows.where(_is_event())
 
 
 def events_since(events: DataFrame, since_t: float | None) -> DataFrame:
@@ -93,13 +87,14 @@ def events_since(events: DataFrame, since_t: float | None) -> DataFrame:
     return events if since_t is None else events.where(_in_window(since_t))
 
 
-def line_totals(parsed: DataFrame, since_t: float | None) -> DataFrame:
-    """One row: ``skipped`` lines (no event), ``events`` in the window, ``all_events``."""
-    return parsed.agg(
+def line_metrics(since_t: float | None) -> list[Column]:
+    """Aggregates over all rows: ``skipped`` lines (no event), ``events`` in the window,
+    ``all_events``. (The job observes them during its first pass instead of making one.)"""
+    return [
         F.count(F.when(~_is_event(), 1)).alias("skipped"),
         F.count(F.when(_is_event() & _in_window(since_t), 1)).alias("events"),
         F.count(F.when(_is_event(), 1)).alias("all_events"),
-    )
+    ]
 
 
 def _hour(t: Column) -> Column:
@@ -138,21 +133,29 @@ def hourly_counts(events: DataFrame) -> DataFrame:
     )
 
 
-def latencies(acks_from: DataFrame, published_from: DataFrame) -> DataFrame:
-    """One row per ack with a known creation time: ``topic``, ``hour``, ``latency_ms``.
+def latencies(events: DataFrame, since_t: float | None = None) -> DataFrame:
+    """One row per ack at or after ``since_t`` with a known creation time: ``topic``, ``hour``,
+    ``latency_ms``.
 
-    Acks come from ``acks_from`` (the window looked at), creation times from
-    ``published_from`` (everything: a message acked in the window may have been
-    published before it). A code published twice (two archives of one node) counts once.
+    Creation times come from every ``published`` event, in the window or before it. One
+    shuffle by code brings a message's publish and its acks together (a join would take
+    two); a code published twice (two archives of one node) counts once, at its first time.
     """
-    created = (
-        published_from.where(_is("published")).groupBy("code").agg(F.min("create_time").alias("create_time"))
+    wanted = _is("published") | (_is("acked") & _in_window(since_t))
+    per_code = (
+        events.where(wanted)
+        .groupBy("code")
+        .agg(
+            F.min(F.when(_is("published"), F.col("create_time"))).alias("created"),
+            F.collect_list(F.when(_is("acked"), F.struct("topic", "t"))).alias("acks"),  # nulls left out
+        )
+        .where(F.col("created").isNotNull())
     )
-    acks = acks_from.where(_is("acked")).select("code", "topic", F.col("t").alias("acked_t"))
-    return acks.join(created, "code").select(
-        "topic",
-        _hour(F.col("acked_t")).alias("hour"),
-        ((F.col("acked_t") - F.col("create_time")) * 1000.0).alias("latency_ms"),
+    acks = per_code.select("created", F.explode("acks").alias("ack"))
+    return acks.select(
+        F.col("ack.topic").alias("topic"),
+        _hour(F.col("ack.t")).alias("hour"),
+        ((F.col("ack.t") - F.col("created")) * 1000.0).alias("latency_ms"),
     )
 
 
