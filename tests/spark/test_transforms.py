@@ -118,7 +118,7 @@ def test_latency_is_ack_minus_creation_in_the_hour_of_the_ack(spark: SparkSessio
     assert rows(T0) == after  # acks in the window, their publish before it
 
 
-def test_percentiles_per_hour_and_per_topic_in_one_rollup(spark: SparkSession) -> None:
+def test_percentiles_per_hour_and_per_topic_in_one_pass(spark: SparkSession) -> None:
     rows = [("t", datetime.fromtimestamp(T0, UTC), float(v)) for v in range(1, 101)]
     rows += [("t", datetime.fromtimestamp(T0 + H, UTC), 1000.0), ("u", datetime.fromtimestamp(T0, UTC), 7.0)]
     latency = spark.createDataFrame(rows, "topic STRING, hour TIMESTAMP, latency_ms DOUBLE")
