@@ -28,6 +28,11 @@ def progress(text: str) -> None:
     print(f"kapok analytics: {text}", file=sys.stderr, flush=True)
 
 
+def wait(seconds: float) -> None:
+    """The pause between ``--watch`` runs (a seam: tests replace it, not ``time.sleep``)."""
+    time.sleep(seconds)
+
+
 def run_command(args: argparse.Namespace) -> int:
     inputs = resolve_inputs(args.input)
     output: str = args.output or default_output(inputs)
@@ -46,7 +51,7 @@ def run_command(args: argparse.Namespace) -> int:
             if args.watch is None:
                 return 0
             progress(f"next run in {args.watch:g} s (Ctrl-C stops)")
-            time.sleep(args.watch)
+            wait(args.watch)
     finally:
         if owned:
             session.stop()

@@ -10,10 +10,11 @@ It only wires; every rule lives in ``kapok.analytics.transforms``. Output, under
 * ``summary.json``: what the console draws (``transforms.summary``), replaced
   atomically on a local disk, so a reader never sees half of it.
 
-The input is not cached: each of the two passes over it (counts, with the line
-totals observed on the way; latencies) parses only the fields it needs, which costs
-less than caching every field of every line. The aggregates are small (a row per topic and hour) and
-are cached, as each feeds several outputs.
+The input is not cached: each of the three passes over it (line totals, counts,
+latencies) parses only the fields it needs, which costs less than caching every
+field of every line. (An observation of the line totals during the counts' pass saves
+a pass, but Spark reports nothing for it when no line is an event.) The aggregates
+are small (a row per topic and hour) and are cached, as each feeds several outputs.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import orjson
 from py4j.protocol import Py4JError
 from pyspark import StorageLevel
 from pyspark.errors import PySparkException
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from kapok.analytics import transforms as tf
 from kapok.analytics.session import first_line
@@ -86,21 +87,19 @@ def _run(
         return frame
 
     try:
-        # The line counts ride along the first pass over the input (an observation).
-        lines = Observation("lines")
-        events = tf.events_only(rows.observe(lines, *tf.line_metrics(since_t)))
-        counts = tf.hourly_counts(tf.events_since(events, since_t))
-        percentiles = cache(tf.latency_percentiles(tf.latencies(tf.events_only(rows), since_t)))
-        hourly = cache(tf.hourly_table(counts, percentiles))
-        topic_hours = hourly.count()
-        totals = lines.get
+        totals = rows.agg(*tf.line_metrics(since_t)).first()  # parses only ``ev`` and ``t``
+        assert totals is not None
         skipped, count = int(totals["skipped"]), int(totals["events"])
         if skipped and not totals["all_events"]:
             raise AnalyticsError(f"not an archive: none of the {skipped} lines read is a lifecycle event")
         progress(f"{count:,} events" + (f" ({skipped:,} torn or foreign lines skipped)" if skipped else ""))
+        events = tf.events_only(rows)
+        percentiles = cache(tf.latency_percentiles(tf.latencies(events, since_t)))
+        hourly = cache(tf.hourly_table(tf.hourly_counts(tf.events_since(events, since_t)), percentiles))
+        topic_hours = hourly.count()
         daily = cache(tf.daily_counts(hourly))
-        hourly.repartition("day").write.mode("overwrite").partitionBy("day").parquet(_join(output, "hourly"))
-        daily.repartition("day").write.mode("overwrite").partitionBy("day").parquet(_join(output, "daily"))
+        hourly.coalesce(1).write.mode("overwrite").partitionBy("day").parquet(_join(output, "hourly"))
+        daily.coalesce(1).write.mode("overwrite").partitionBy("day").parquet(_join(output, "daily"))
         topic_rows = [row.asDict() for row in tf.topic_totals(daily, percentiles).collect()]
         day_rows = [row.asDict() for row in daily.collect()]
     finally:

@@ -89,7 +89,7 @@ def events_since(events: DataFrame, since_t: float | None) -> DataFrame:
 
 def line_metrics(since_t: float | None) -> list[Column]:
     """Aggregates over all rows: ``skipped`` lines (no event), ``events`` in the window,
-    ``all_events``. (The job observes them during its first pass instead of making one.)"""
+    ``all_events``."""
     return [
         F.count(F.when(~_is_event(), 1)).alias("skipped"),
         F.count(F.when(_is_event() & _in_window(since_t), 1)).alias("events"),

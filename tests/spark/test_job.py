@@ -28,6 +28,7 @@ from pyspark.sql import functions as F
 from kapok.analytics.job import run_job
 from kapok.analytics.transforms import LATENCY_ACCURACY, PERCENTILES
 from kapok.cli import main
+from kapok.errors import AnalyticsError
 from kapok.launch import start_node, wait_for
 
 # ---------------------------------------------------------------------------------------
@@ -352,3 +353,39 @@ def test_real_node_archive_gives_the_same_numbers_as_plain_python(
 
     assert main(["analytics", "--input", str(data), "--output", str(tmp_path / "out")]) == 0
     check_output(spark, tmp_path / "out", want)
+
+
+def test_watch_runs_again_on_the_archive_as_it_grows(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = tmp_path / "store"
+    archive = store / "archive"
+    archive.mkdir(parents=True)
+    event = {"ev": "published", "code": "a", "topic": "t", "t": T0, "create_time": T0, "size": 1}
+    (archive / "archive-20260301T220000-0.jsonl").write_text(json.dumps(event) + "\n")
+    seen: list[int] = []
+    pauses: list[float] = []
+
+    def pause(seconds: float) -> None:  # stands in for the wait between runs
+        summary = json.loads((store / "analytics" / "summary.json").read_text())
+        seen.append(summary["topics"]["t"]["published"])
+        pauses.append(seconds)
+        if len(pauses) == 2:
+            raise KeyboardInterrupt  # Ctrl-C
+        more = {**event, "code": "b"}
+        (archive / "archive-20260301T230000-1.jsonl").write_text(json.dumps(more) + "\n")
+
+    monkeypatch.setattr("kapok.analytics.command.wait", pause)
+    assert main(["analytics", "--input", str(store), "--watch", "30"]) == 130
+    assert (seen, pauses) == ([1, 2], [30.0, 30.0])
+    assert capsys.readouterr().err.count("next run in 30 s") == 2
+
+
+def test_what_only_spark_can_check_is_one_clear_error(spark: SparkSession, tmp_path: Path) -> None:
+    foreign = tmp_path / "notes.txt"  # what a URI might name: no local check saw it
+    foreign.write_text("hello\nworld\n")
+    with pytest.raises(AnalyticsError, match="not an archive: none of the 2 lines"):
+        run_job(spark, [f"file://{foreign}"], str(tmp_path / "out"), now=T0)
+    with pytest.raises(AnalyticsError, match=r"^the Spark job failed: .*does not exist") as caught:
+        run_job(spark, [f"file://{tmp_path}/nowhere/*.jsonl"], str(tmp_path / "out"), now=T0)
+    assert "\n" not in caught.value.message
