@@ -28,6 +28,8 @@ from pyspark.sql import functions as F
 from kapok.analytics.job import run_job
 from kapok.analytics.transforms import LATENCY_ACCURACY, PERCENTILES
 from kapok.cli import main
+from kapok.config import Config, load_config
+from kapok.console import analytics as console_analytics
 from kapok.errors import AnalyticsError
 from kapok.launch import start_node, wait_for
 
@@ -188,6 +190,11 @@ def _ratio(counts: Counter[str]) -> float:
 # ---------------------------------------------------------------------------------------
 # A hand-built archive
 
+
+def make_config(*sets: str) -> Config:
+    return load_config(None, overrides=list(sets), env={})
+
+
 T0 = datetime(2026, 3, 1, 22, 0, tzinfo=UTC).timestamp()
 
 
@@ -269,6 +276,15 @@ def test_hand_built_archive_gives_the_same_numbers_as_plain_python(
     assert "2 torn or foreign lines skipped" in capsys.readouterr().err
     summary = check_output(spark, store / "analytics", want)
     assert summary["topics"]["orders"]["expired"] > 0
+    # The console reads this file from the same place: what it draws is what was computed.
+    path = console_analytics.summary_path(make_config(f"storage.dir={store}"))
+    read, problem = console_analytics.read_summary(path)
+    assert read == summary and problem == ""
+    shown = console_analytics.from_summary(summary, T0 + 30 * 3600)
+    assert [row["topic"] for row in shown["latency"]] == sorted(want.topics())
+    assert {s["name"]: sum(s["values"]) for s in shown["growth"]["series"]} == {
+        t: c["published"] for t, c in want.topics().items()
+    }
 
     since = T0 + 12 * 3600  # acks in the window, published before it, still have a latency
     result = run_job(
