@@ -86,15 +86,15 @@ class NodeClient:
             unknown.extend(body["unknown"])
         return unknown
 
-    def ready_count(self, topic: str, group: str) -> int:
-        """How many messages ``group`` has ready (0 for a topic or group the node lacks yet)."""
+    def ready_count(self, topic: str, group: str) -> int | None:
+        """How many messages ``group`` has ready; None when the node has no such group (yet)."""
         status, body = self._request("GET", f"/v1/topics/{quote(topic, safe='')}", missing_ok=True)
         if status == 404:
-            return 0
+            return None
         for row in body.get("groups", []):
             if row.get("name") == group:
                 return int(row.get("ready", 0))
-        return 0
+        return None
 
     def message_row(self, code: str, group: str) -> tuple[Any, ...] | None:
         """One message by code as a row (None when the node no longer has it)."""

@@ -36,10 +36,10 @@ logged (the query stopped in between) return to the group when their lease ends.
 ``Trigger.AvailableNow`` reads what the group has ready when the query starts (its
 ``ready`` count), in batches of ``maxMessagesPerBatch``, then stops.
 
-Options: ``url`` (required), ``topic`` (required), ``group`` (default: the topic's
-``default`` group, p2p topics only), ``key`` (the secret key, default ``test``),
-``maxMessagesPerBatch`` (1000), ``leaseSeconds`` (600), ``numPartitions`` (2),
-``timeoutSeconds`` (30, per HTTP request).
+Options: ``url`` (required), ``topic`` (required), ``group`` (default ``default``, the
+group of a p2p topic's plain consumers; a new group is created by the first read),
+``key`` (the secret key, default ``test``), ``maxMessagesPerBatch`` (1000),
+``leaseSeconds`` (600), ``numPartitions`` (2), ``timeoutSeconds`` (30, per HTTP request).
 """
 
 from __future__ import annotations
@@ -156,7 +156,10 @@ class KapokStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         with self.options.client() as node:
-            self._budget = node.ready_count(self.options.topic, self.options.group)
+            ready = node.ready_count(self.options.topic, self.options.group)
+            if ready is None:  # a new group: a first pull creates it (it gets what comes after)
+                self._lease(node, 1)
+            self._budget = ready or 0
 
     def latestOffset(
         self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None

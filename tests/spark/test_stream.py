@@ -46,9 +46,9 @@ def _publish(node: NodeProcess, topic: str, first: int, count: int) -> dict[str,
     return dict(zip(codes["codes"], payloads, strict=True))
 
 
-def _group(node: NodeProcess, topic: str) -> dict[str, Any]:
+def _group(node: NodeProcess, topic: str, name: str = "default") -> dict[str, Any]:
     stats = _call(node.url, "GET", f"/v1/topics/{topic}")
-    [group] = [g for g in stats["groups"] if g["name"] == "default"]
+    [group] = [g for g in stats["groups"] if g["name"] == name]
     return dict(group)
 
 
@@ -56,11 +56,12 @@ def _status(node: NodeProcess, code: str) -> str:
     return str(_call(node.url, "GET", f"/v1/messages/{code}")["groups"]["default"]["status"])
 
 
-def _stream(spark: SparkSession, node: NodeProcess, topic: str, per_batch: int) -> DataFrame:
+def _stream(spark: SparkSession, node: NodeProcess, topic: str, per_batch: int, group: str = "") -> DataFrame:
     return (
         spark.readStream.format("kapok")
         .option("url", node.url)
         .option("topic", topic)
+        .option("group", group)
         .option("maxMessagesPerBatch", str(per_batch))
         .load()
     )
@@ -161,3 +162,28 @@ def test_a_query_that_dies_inside_a_batch_replays_it_exactly_from_the_checkpoint
     group = _group(node, "s-crash")
     assert (group["ready"], group["inflight"]) == (0, 0)
     assert {_status(node, code) for code in sent} == {"consumed"}
+
+
+def test_a_new_named_group_is_created_by_its_first_read_and_gets_what_comes_after(
+    spark: SparkSession, node: NodeProcess
+) -> None:
+    before = _publish(node, "s-groups", 0, 30)  # for the topic's default group only
+
+    def run(name: str) -> list[str]:
+        query = (
+            _stream(spark, node, "s-groups", 100, group="spark")
+            .writeStream.format("memory")
+            .queryName(name)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        assert query.exception() is None
+        return [r["code"] for r in spark.sql(f"SELECT code FROM {name}").collect()]
+
+    assert run("s_groups_first") == []
+    assert _group(node, "s-groups", "spark")["ready"] == 0
+    after = _publish(node, "s-groups", 30, 20)
+    assert sorted(run("s_groups_second")) == sorted(after)
+    assert (_group(node, "s-groups", "spark")["inflight"], _group(node, "s-groups")["ready"]) == (0, 50)
+    assert not set(before) & set(after)
