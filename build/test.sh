@@ -7,12 +7,15 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # --- system packages ---------------------------------------------------------------------
 # The browser tests (tests/browser) drive Debian's Chromium (and a font, so that their
-# screenshots are legible) through Playwright, which never downloads a browser of its own;
-# the analytics tests will need a JDK for PySpark (uncomment its line when that layer
-# lands). apt runs only when something is missing.
+# screenshots are legible) through Playwright, which never downloads a browser of its own.
+# The analytics tests (tests/spark) need a Java runtime for PySpark (Spark 4: Java 17 or
+# 21): Debian's default-jre-headless (OpenJDK 17 on Debian 12, 21 on Debian 13), unless
+# JAVA_HOME names one. apt runs only when something is missing.
 missing=()
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || missing+=(chromium fonts-dejavu-core)
-# command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
+if [ -z "${JAVA_HOME:-}" ] && ! command -v java >/dev/null 2>&1; then
+    missing+=(default-jre-headless)
+fi
 if ((${#missing[@]})); then
     sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
     $sudo apt-get update -qq
@@ -24,7 +27,8 @@ python=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+# The analytics extra (pyspark, pyarrow) too: the Spark tests run, they do not skip.
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,analytics]'
 
 # --- checks ----------------------------------------------------------------------------
 echo "== ruff check"

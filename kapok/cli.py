@@ -127,7 +127,17 @@ def _build_parser() -> argparse.ArgumentParser:
     local.add_argument("--dir", metavar="D", help="the nodes' folders go here (./kapok-cluster)")
     local.set_defaults(func=_cmd_local_cluster)
 
-    # Planned subcommands register here the same way: analytics.
+    analytics = commands.add_parser(
+        "analytics",
+        help="per-topic counts and delivery latency from the archive, on PySpark (see README: Analytics)",
+        description="Run the analytics job over one or more nodes' archives: per topic × hour and × day "
+        "counts, bytes, redelivery ratio and ack latency percentiles, as Parquet (hourly/, daily/, "
+        "partitioned by day) and summary.json, which the console reads. Needs the analytics extra "
+        "(pip install 'kapok[analytics]') and Java 17 or 21. Progress goes to stderr.",
+    )
+    _analytics_options(analytics)
+    analytics.set_defaults(func=_cmd_analytics)
+
     return parser
 
 
@@ -179,6 +189,50 @@ def _cmd_local_cluster(args: argparse.Namespace) -> int:
     if args.masters < 1:
         raise ConfigError("--masters must be at least 1")
     return run_local_cluster(args.masters, args.slaves, args.dir)
+
+
+def _analytics_options(command: argparse.ArgumentParser) -> None:
+    add = command.add_argument
+    add(
+        "--input",
+        action="append",
+        required=True,
+        metavar="PATH",
+        help="a node's storage.dir (its archive/ is read), an archive folder, files, a glob, or any URI "
+        "Spark reads, such as hdfs://… (repeatable: several nodes' archives at once)",
+    )
+    add(
+        "--output",
+        metavar="DIR",
+        help="where to write (a directory or a URI); default: <storage.dir>/analytics of the first "
+        "--input that is a node's storage dir, where the console finds summary.json",
+    )
+    add(
+        "--master",
+        default="local[*]",
+        help="Spark master: local[*] (default, embedded), spark://host:port, yarn …",
+    )
+    add("--since", type=_duration, metavar="AGE", help="only events of the last AGE: 90s, 30m, 12h, 7d, 2w")
+    add("--watch", type=_seconds, metavar="SECONDS", help="run again every SECONDS until interrupted")
+
+
+def _duration(text: str) -> float:
+    from kapok.analytics.inputs import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
 
 
 def _bench_options(command: argparse.ArgumentParser) -> None:
@@ -277,6 +331,12 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from kapok.bench.command import run_command
+
+    return run_command(args)
+
+
+def _cmd_analytics(args: argparse.Namespace) -> int:
+    from kapok.analytics.command import run_command
 
     return run_command(args)
 

@@ -28,6 +28,7 @@ compatibility routes), and the client maps ``code`` back to the same class::
      ├── ReplicationError             the sync link: a broken rule between master and slave
      │    └── SyncRefusedError        the master refused the slave (``why`` says why)
      ├── StorageError                 reserved for the storage layer
+     ├── AnalyticsError               ``kapok analytics``: unusable input, no Java, a failed Spark job
      └── ClientError                  raised by kapok.client itself, never sent by a node
           ├── ConnectionLostError     the connection to a node broke (in-flight work is in doubt)
           ├── SlowConsumerError       the consumer's buffer overflowed (messages requeued or dropped)
@@ -42,6 +43,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "AnalyticsError",
     "AuthError",
     "BadRequestError",
     "BrokerError",
@@ -240,6 +242,11 @@ class ClientClosedError(ClientError):
 class UnsupportedError(ClientError):
     code = "unsupported"
     http_status = 400
+
+
+class AnalyticsError(KapokError):
+    code = "analytics"
+    http_status = 500
 
 
 def _all_subclasses(cls: type[KapokError]) -> list[type[KapokError]]:

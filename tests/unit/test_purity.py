@@ -60,3 +60,16 @@ def test_the_core_loads_no_other_layer() -> None:
     assert "kapok.core.broker" in loaded
     other_layers = ("kapok.cluster", "kapok.server", "kapok.storage", "kapok.config")
     assert not [m for m in loaded if m.startswith(other_layers)]
+
+
+@pytest.mark.parametrize("module", ["kapok.server.app", "kapok.server.runner", "kapok.core", "kapok.cli"])
+def test_the_broker_never_loads_spark(module: str) -> None:
+    # PySpark is an optional extra and costs a JVM: only `kapok analytics` may load it.
+    spark_modules = ("pyspark", "py4j", "pyarrow", "kapok.analytics")
+    code = (
+        f"import sys, {module}\n"
+        f"print(','.join(m for m in sys.modules if m.split('.')[0] in {spark_modules!r} "
+        f"or m.startswith('kapok.analytics')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

@@ -1,0 +1,150 @@
+"""The analytics job: archive lines → ``transforms`` → Parquet and ``summary.json``.
+
+It only wires; every rule lives in ``kapok.analytics.transforms``. Output, under
+``OUTPUT`` (a local directory or any URI Spark writes):
+
+* ``hourly/day=YYYY-MM-DD/`` Parquet: per topic × hour the counts, bytes,
+  redelivery ratio and latency percentiles;
+* ``daily/day=YYYY-MM-DD/`` Parquet: per topic × day the counts, bytes and
+  redelivery ratio;
+* ``summary.json``: what the console draws (``transforms.summary``), replaced
+  atomically on a local disk, so a reader never sees half of it.
+
+The input is not cached: each of the three passes over it (line totals, counts,
+latencies) parses only the fields it needs, which costs less than caching every
+field of every line. (An observation of the line totals during the counts' pass saves
+a pass, but Spark reports nothing for it when no line is an event.) The aggregates
+are small (a row per topic and hour) and are cached, as each feeds several outputs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+from py4j.protocol import Py4JError
+from pyspark import StorageLevel
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+
+from kapok.analytics import transforms as tf
+from kapok.analytics.session import first_line
+from kapok.errors import AnalyticsError
+
+__all__ = ["SUMMARY_FILE", "JobResult", "run_job", "write_text"]
+
+SUMMARY_FILE = "summary.json"
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    output: str
+    events: int  # events in the window (every kind)
+    skipped_lines: int  # lines that were no event: torn by a crash, or foreign
+    topics: int
+    topic_hours: int
+    summary: dict[str, Any]
+
+
+def run_job(
+    spark: SparkSession,
+    sources: Sequence[str],
+    output: str,
+    *,
+    since_t: float | None = None,
+    now: float,
+    progress: Callable[[str], None] = lambda text: None,
+) -> JobResult:
+    """Run the job over ``sources`` (files, directories, globs or URIs) into ``output``."""
+    try:
+        return _run(spark, sources, output, since_t, now, progress)
+    except (PySparkException, Py4JError) as exc:
+        raise AnalyticsError(f"the Spark job failed: {_spark_error_line(exc)}") from exc
+
+
+def _run(
+    spark: SparkSession,
+    sources: Sequence[str],
+    output: str,
+    since_t: float | None,
+    now: float,
+    progress: Callable[[str], None],
+) -> JobResult:
+    rows = (
+        spark.read.schema(tf.EVENT_SCHEMA).option("mode", "PERMISSIVE").json(list(sources))
+        if sources
+        else spark.createDataFrame([], tf.EVENT_SCHEMA)  # a node that has archived nothing yet
+    )
+    cached: list[DataFrame] = []
+
+    def cache(frame: DataFrame) -> DataFrame:
+        cached.append(frame.persist(StorageLevel.MEMORY_AND_DISK))
+        return frame
+
+    try:
+        totals = rows.agg(*tf.line_metrics(since_t)).first()  # parses only ``ev`` and ``t``
+        assert totals is not None
+        skipped, count = int(totals["skipped"]), int(totals["events"])
+        if skipped and not totals["all_events"]:
+            raise AnalyticsError(f"not an archive: none of the {skipped} lines read is a lifecycle event")
+        progress(f"{count:,} events" + (f" ({skipped:,} torn or foreign lines skipped)" if skipped else ""))
+        events = tf.events_only(rows)
+        percentiles = cache(tf.latency_percentiles(tf.latencies(events, since_t)))
+        hourly = cache(tf.hourly_table(tf.hourly_counts(tf.events_since(events, since_t)), percentiles))
+        topic_hours = hourly.count()
+        daily = cache(tf.daily_counts(hourly))
+        hourly.coalesce(1).write.mode("overwrite").partitionBy("day").parquet(_join(output, "hourly"))
+        daily.coalesce(1).write.mode("overwrite").partitionBy("day").parquet(_join(output, "daily"))
+        topic_rows = [row.asDict() for row in tf.topic_totals(daily, percentiles).collect()]
+        day_rows = [row.asDict() for row in daily.collect()]
+    finally:
+        for frame in cached:
+            frame.unpersist()
+    generated_at = datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    summary = tf.summary(topic_rows, day_rows, generated_at)
+    write_text(spark, _join(output, SUMMARY_FILE), orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
+    return JobResult(output, count, skipped, len(topic_rows), topic_hours, summary)
+
+
+def _join(base: str, name: str) -> str:
+    return base.rstrip("/") + "/" + name
+
+
+def _is_local(uri: str) -> bool:
+    return "://" not in uri or uri.startswith("file://")
+
+
+def write_text(spark: SparkSession, uri: str, text: str) -> None:
+    """Write a small text file: atomically on a local disk, else through Spark's Hadoop client."""
+    if _is_local(uri):
+        path = Path(uri.removeprefix("file://"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+        return
+    # Python has no client for every file system Spark writes (hdfs, s3a, abfs ...);
+    # the JVM's Hadoop FileSystem has, with the session's credentials.
+    jvm: Any = spark.sparkContext._jvm
+    conf: Any = spark.sparkContext._jsc.hadoopConfiguration()
+    target = jvm.org.apache.hadoop.fs.Path(uri)
+    stream = target.getFileSystem(conf).create(target, True)
+    try:
+        stream.write(bytearray(text.encode()))
+    finally:
+        stream.close()
+
+
+def _spark_error_line(exc: BaseException) -> str:
+    # A Py4J error starts with "An error occurred while calling o42.parquet." and the
+    # Java exception's own message follows; that one says what went wrong.
+    for line in str(exc).splitlines():
+        line = line.strip().lstrip(": ").strip()
+        if line and not line.startswith("An error occurred while calling"):
+            return line
+    return first_line(exc)

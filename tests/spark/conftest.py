@@ -1,0 +1,52 @@
+"""The test run's one SparkSession (local[2], small shuffles, UI off, UTC), started at first use.
+
+Every test here is marked ``spark``. Without PySpark or Java they are skipped with the
+reason, except under CI (``CI`` set), where that is a broken install and fails.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+from kapok.errors import AnalyticsError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = os.path.dirname(__file__)
+    for item in items:
+        if str(item.path).startswith(here):
+            item.add_marker(pytest.mark.spark)
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+    from kapok.analytics.session import build_session, require_runtime
+
+    try:
+        require_runtime()
+    except AnalyticsError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"no Spark here: {exc.message}")
+    session = build_session(
+        "local[2]",
+        app_name="kapok tests",
+        conf={
+            "spark.sql.shuffle.partitions": "2",
+            "spark.default.parallelism": "2",
+            "spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("warehouse")),
+            "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={tmp_path_factory.mktemp('jvm-tmp')}",
+        },
+    )
+    from kapok.analytics.stream import register
+
+    register(session)
+    yield session
+    session.stop()

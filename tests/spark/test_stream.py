@@ -1,0 +1,189 @@
+"""Acceptance 2: a real node's topic as a Spark stream, exactly once across restarts.
+
+One ``kapok serve`` process for the module; each test has its own topic. Spark's
+Python workers reach the node over HTTP on 127.0.0.1, as they would on a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+
+from kapok.launch import NodeProcess, start_node
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    workdir = tmp_path_factory.mktemp("stream-node")
+    process = start_node(workdir, f"storage.dir={workdir / 'data'}", "storage.fsync=never")
+    yield process
+    process.stop()
+
+
+def _call(url: str, method: str, path: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data, method=method)
+    request.add_header("Authorization", "Bearer test")
+    request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def _publish(node: NodeProcess, topic: str, first: int, count: int) -> dict[str, str]:
+    """Publish messages ``m<first>`` …; returns code → payload."""
+    payloads = [f"m{i}" for i in range(first, first + count)]
+    codes = _call(
+        node.url, "POST", f"/v1/topics/{topic}/messages", {"messages": [{"data": p} for p in payloads]}
+    )
+    return dict(zip(codes["codes"], payloads, strict=True))
+
+
+def _group(node: NodeProcess, topic: str, name: str = "default") -> dict[str, Any]:
+    stats = _call(node.url, "GET", f"/v1/topics/{topic}")
+    [group] = [g for g in stats["groups"] if g["name"] == name]
+    return dict(group)
+
+
+def _status(node: NodeProcess, code: str) -> str:
+    return str(_call(node.url, "GET", f"/v1/messages/{code}")["groups"]["default"]["status"])
+
+
+def _stream(spark: SparkSession, node: NodeProcess, topic: str, per_batch: int, group: str = "") -> DataFrame:
+    return (
+        spark.readStream.format("kapok")
+        .option("url", node.url)
+        .option("topic", topic)
+        .option("group", group)
+        .option("maxMessagesPerBatch", str(per_batch))
+        .load()
+    )
+
+
+def _read_codes(spark: SparkSession, path: Path) -> list[str]:
+    return [r["code"] for r in spark.read.parquet(str(path)).select("code").collect()]
+
+
+def test_available_now_into_memory_reads_every_message_once_and_acks_it(
+    spark: SparkSession, node: NodeProcess
+) -> None:
+    sent = _publish(node, "s-memory", 0, 500)
+    query = (
+        _stream(spark, node, "s-memory", 200)
+        .writeStream.format("memory")
+        .queryName("s_memory")
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert not query.isActive and query.exception() is None
+    rows = spark.sql("SELECT code, topic, CAST(data AS STRING) AS text, attempts FROM s_memory").collect()
+    assert Counter(r["code"] for r in rows) == Counter(dict.fromkeys(sent, 1))
+    assert {r["code"]: r["text"] for r in rows} == sent
+    assert {(r["topic"], r["attempts"]) for r in rows} == {("s-memory", 1)}
+    batches = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert batches == [200, 200, 100]  # maxMessagesPerBatch
+    group = _group(node, "s-memory")
+    assert (group["ready"], group["inflight"]) == (0, 0)
+    assert {_status(node, code) for code in sent} == {"consumed"}
+
+
+def test_file_sink_stopped_between_batches_restarts_from_its_checkpoint(
+    spark: SparkSession, node: NodeProcess, tmp_path: Path
+) -> None:
+    def run() -> None:
+        query = (
+            _stream(spark, node, "s-files", 150)
+            .select("code", "data")
+            .writeStream.format("parquet")
+            .option("path", str(tmp_path / "out"))
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        assert not query.isActive and query.exception() is None
+
+    sent = _publish(node, "s-files", 0, 400)
+    run()  # three batches, then the query stops
+    assert Counter(_read_codes(spark, tmp_path / "out")) == Counter(dict.fromkeys(sent, 1))
+    sent |= _publish(node, "s-files", 400, 250)
+    run()  # restarted from the checkpoint: only what came since
+    assert Counter(_read_codes(spark, tmp_path / "out")) == Counter(dict.fromkeys(sent, 1))
+    group = _group(node, "s-files")
+    assert (group["ready"], group["inflight"]) == (0, 0)
+
+
+def test_a_query_that_dies_inside_a_batch_replays_it_exactly_from_the_checkpoint(
+    spark: SparkSession, node: NodeProcess, tmp_path: Path
+) -> None:
+    """The query dies after batch 1's offsets were logged and part of its output written."""
+    crash = {"batch": 1}
+
+    def write(batch: DataFrame, batch_id: int) -> None:
+        # Idempotent per batch (overwrite by id), as foreachBatch sinks must be.
+        batch.select("code", "data").write.mode("overwrite").parquet(
+            str(tmp_path / "out" / f"batch={batch_id}")
+        )
+        if crash.get("batch") == batch_id:
+            del crash["batch"]  # once: the restarted query gets through
+            raise RuntimeError("the process died here")
+
+    def run() -> None:
+        query = (
+            _stream(spark, node, "s-crash", 250)
+            .writeStream.foreachBatch(write)
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+
+    sent = _publish(node, "s-crash", 0, 600)
+    with pytest.raises(StreamingQueryException, match="the process died here"):
+        run()
+    logged = json.loads((tmp_path / "checkpoint" / "offsets" / "1").read_text().splitlines()[-1])
+    batch_one = logged["codes"].split(",")
+    assert len(batch_one) == 250 and not (tmp_path / "checkpoint" / "commits" / "1").exists()
+    # Batch 0 was committed and acked; batch 1 is not acked: still leased to the group.
+    assert {_status(node, code) for code in _read_codes(spark, tmp_path / "out" / "batch=0")} == {"consumed"}
+    assert {_status(node, code) for code in batch_one} == {"inflight"}
+
+    run()  # restarted: batch 1 again (its data read by code), then batch 2
+    assert sorted(_read_codes(spark, tmp_path / "out" / "batch=1")) == sorted(batch_one)
+    assert Counter(_read_codes(spark, tmp_path / "out")) == Counter(dict.fromkeys(sent, 1))
+    group = _group(node, "s-crash")
+    assert (group["ready"], group["inflight"]) == (0, 0)
+    assert {_status(node, code) for code in sent} == {"consumed"}
+
+
+def test_a_new_named_group_is_created_by_its_first_read_and_gets_what_comes_after(
+    spark: SparkSession, node: NodeProcess
+) -> None:
+    before = _publish(node, "s-groups", 0, 30)  # for the topic's default group only
+
+    def run(name: str) -> list[str]:
+        query = (
+            _stream(spark, node, "s-groups", 100, group="spark")
+            .writeStream.format("memory")
+            .queryName(name)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        assert query.exception() is None
+        return [r["code"] for r in spark.sql(f"SELECT code FROM {name}").collect()]
+
+    assert run("s_groups_first") == []
+    assert _group(node, "s-groups", "spark")["ready"] == 0
+    after = _publish(node, "s-groups", 30, 20)
+    assert sorted(run("s_groups_second")) == sorted(after)
+    assert (_group(node, "s-groups", "spark")["inflight"], _group(node, "s-groups")["ready"]) == (0, 50)
+    assert not set(before) & set(after)

@@ -1,0 +1,123 @@
+"""``kapok analytics`` before Spark: what --input names, --since, and the one-line errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from kapok.analytics.inputs import default_output, parse_duration, resolve_inputs
+from kapok.cli import main
+from kapok.errors import AnalyticsError
+
+EVENT = json.dumps({"ev": "published", "code": "a", "topic": "t", "t": 1.0}) + "\n"
+
+
+def _archive_file(directory: Path, n: int, text: str = EVENT) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"archive-20260301T000000-{n}.jsonl"
+    path.write_text(text)
+    return path
+
+
+def test_a_storage_dir_means_its_archive_and_is_the_default_output(tmp_path: Path) -> None:
+    store = tmp_path / "data"
+    files = [_archive_file(store / "archive", n) for n in (1, 0)]
+    (store / "archive" / "notes.txt").write_text("not read")
+    inputs = resolve_inputs([str(store)])
+    assert inputs.sources == [str(files[1]), str(files[0])]
+    assert (inputs.local_files, inputs.local_bytes) == (2, 2 * len(EVENT))
+    assert default_output(inputs) == str(store / "analytics")
+
+
+def test_a_fresh_node_has_no_archive_yet_and_that_is_no_error(tmp_path: Path) -> None:
+    (tmp_path / "data" / "wal").mkdir(parents=True)
+    inputs = resolve_inputs([str(tmp_path / "data")])
+    assert inputs.sources == [] and inputs.storage_dir == tmp_path / "data"
+
+
+def test_folders_files_globs_and_uris(tmp_path: Path) -> None:
+    a = _archive_file(tmp_path / "a", 0)
+    b = _archive_file(tmp_path / "b", 7, EVENT + '{"ev": "ac')  # a torn last line is fine
+    torn_only = _archive_file(tmp_path / "c", 1, '{"ev": "pub')  # one cut line: nothing to judge by
+    inputs = resolve_inputs(
+        [str(tmp_path / "a"), str(b), str(tmp_path / "c" / "*.jsonl"), "hdfs://nn/archive/"]
+    )
+    assert inputs.sources == [str(a), str(b), str(torn_only), "hdfs://nn/archive/"]
+    assert inputs.local_files == 3 and inputs.storage_dir is None
+    with pytest.raises(AnalyticsError, match="--output is needed"):
+        default_output(inputs)
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda p: None, "no such file or directory"),
+        (lambda p: p.mkdir(), "not an archive"),
+        (lambda p: p.write_text("hello\nworld\n"), "not an archive"),
+        (lambda p: p.write_text('{"no": "ev"}\n'), "not an archive"),
+    ],
+)
+def test_unusable_inputs_are_one_clear_error(
+    tmp_path: Path, setup: Callable[[Path], object], message: str
+) -> None:
+    path = tmp_path / "input"
+    setup(path)
+    with pytest.raises(AnalyticsError, match=message):
+        resolve_inputs([str(path)])
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_an_unreadable_file_is_named(tmp_path: Path) -> None:
+    path = _archive_file(tmp_path, 0)
+    path.chmod(0)
+    with pytest.raises(AnalyticsError, match="cannot read it"):
+        resolve_inputs([str(path)])
+
+
+def test_a_glob_that_matches_nothing(tmp_path: Path) -> None:
+    with pytest.raises(AnalyticsError, match="no file matches"):
+        resolve_inputs([str(tmp_path / "*.jsonl")])
+
+
+def test_durations() -> None:
+    assert [parse_duration(t) for t in ("90s", "30m", "12h", "7d", "2w", "45", "1.5h")] == [
+        90,
+        1800,
+        43200,
+        604800,
+        1209600,
+        45,
+        5400,
+    ]
+    for bad in ("", "7y", "-3d", "0", "d"):
+        with pytest.raises(ValueError, match="not a duration"):
+            parse_duration(bad)
+
+
+def test_cli_errors_are_one_line_and_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analytics", "--input", str(tmp_path / "missing")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("kapok: error: input ") and "no such file" in err
+    assert main(["analytics", "--input", str(tmp_path), "--since", "soon"]) == 2
+    assert "not a duration" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pyspark") is None, reason="needs the analytics extra")
+def test_no_java_is_one_line_and_exit_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = tmp_path / "data"
+    _archive_file(store / "archive", 0)
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
+    assert main(["analytics", "--input", str(store)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Spark needs Java" in err and "default-jre-headless" in err
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
+    assert main(["analytics", "--input", str(store)]) == 1
+    assert "JAVA_HOME has no bin/java" in capsys.readouterr().err
