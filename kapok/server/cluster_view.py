@@ -75,13 +75,34 @@ def _members(app: web.Application) -> list[NodeState]:
     return [NodeState(service.node_name, "", 0, State.ALIVE, node_meta(app))]
 
 
+def _views(app: web.Application) -> list[tuple[NodeState, NodeMeta]]:
+    """Every member with its metadata: our own as of now, the others' as last gossiped."""
+    own = app[SERVICE].node_name
+    return [(m, node_meta(app) if m.name == own else m.meta) for m in _members(app)]
+
+
+def _superseded(views: list[tuple[NodeState, NodeMeta]]) -> set[str]:
+    """Members whose claim to be active is stale: a live member of the same pair claims it
+    at a higher epoch (the epoch rule; gossip may carry the old claim a moment longer, e.g.
+    through a hand-over)."""
+    best: dict[str, int] = {}
+    for m, meta in views:
+        if meta.active and m.state in _LIVE:
+            pair = meta.pair_id or m.name
+            best[pair] = max(best.get(pair, -1), meta.epoch)
+    return {
+        m.name for m, meta in views if meta.active and meta.epoch < best.get(meta.pair_id or m.name, -1)
+    }
+
+
 def member_rows(app: web.Application) -> list[dict[str, Any]]:
     """``GET /cluster/nodes``: every member this node knows, itself included."""
     service = app[SERVICE]
+    views = _views(app)
+    stale = _superseded(views)
     rows = []
-    for m in _members(app):
+    for m, meta in views:
         me = m.name == service.node_name
-        meta = node_meta(app) if me else m.meta  # our own row as of now, not as last gossiped
         lag = meta.lag
         rows.append(
             {
@@ -91,7 +112,7 @@ def member_rows(app: web.Application) -> list[dict[str, Any]]:
                 "state": m.state.value,
                 "incarnation": m.incarnation,
                 "role": meta.role,
-                "active": meta.active,  # takes producers and consumers now
+                "active": meta.active and m.name not in stale,  # takes producers and consumers now
                 "pair": meta.pair,
                 "pair_id": meta.pair_id or m.name,  # the pair, whatever its roles now
                 "epoch": meta.epoch,
@@ -108,10 +129,12 @@ def compat_nodes(app: web.Application, *, masters_only: bool) -> list[dict[str, 
     """Live members in Serena's registry format, ``{"Name": "mq:host:port", "Addr", "Port"}``
     with the *HTTP* address, which is what the KapokMQ cluster producer connects to."""
     out = []
-    for m in _members(app):
-        if m.state not in _LIVE or (masters_only and not m.meta.active):
+    views = _views(app)
+    stale = _superseded(views)
+    for m, meta in views:
+        if m.state not in _LIVE or (masters_only and (not meta.active or m.name in stale)):
             continue
-        url = urlsplit(m.meta.http_url)
+        url = urlsplit(meta.http_url)
         if url.hostname is None or url.port is None:
             continue
         name = "mq:" + format_addr(url.hostname, url.port)

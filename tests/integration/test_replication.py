@@ -106,9 +106,22 @@ async def test_sync_confirmation_fails_clearly_without_the_slave(
     master, slave = await pair(start, "replication.sync_timeout_ms=300")
     await publish(session, master, "before")
     await slave.stop()
-    # Never a silent downgrade: the paired master refuses to confirm alone.
+    # Never a silent downgrade: the paired master refuses to confirm alone. Within
+    # sync_timeout_ms of losing its slave it stores a message and fails to confirm it
+    # (in doubt); after that it refuses up front, storing nothing.
     body = await publish(session, master, "after", expect=503)
-    assert body["error"] == "replication_unavailable"
+    assert body["error"] in ("replication_unconfirmed", "replication_unavailable")
+
+    async def refused_up_front() -> bool:
+        async with session.post(
+            f"{master.url}/v1/topics/jobs/messages", json={"data": "x"}, headers=AUTH
+        ) as resp:
+            return resp.status == 503 and (await resp.json())["error"] == "replication_unavailable"
+
+    await eventually(refused_up_front, timeout_s=T, what="refusals before storing")
+    stored = len(master.broker.messages)
+    body = await publish(session, master, "refused", expect=503)
+    assert body["error"] == "replication_unavailable" and len(master.broker.messages) == stored
     async with session.ws_connect(f"{master.ws_url}/v1/ws", headers=AUTH) as ws:
         await ws.send_json({"op": "pub", "id": 7, "msgs": [{"topic": "jobs", "data": "w"}]})
         frame = await ws.receive_json(timeout=T)
