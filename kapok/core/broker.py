@@ -140,18 +140,18 @@ class Broker:
             topic = self._make_topic(name)
         return topic
 
-    def _make_topic(self, name: str) -> Topic:
+    def _make_topic(self, name: str, *, journal: bool = True) -> Topic:
         topic = self.topics[name] = Topic(name, self.settings.topic(name))
         if topic.cfg.push_type == 1 or topic.is_dlq:
-            self._group(topic, DEFAULT_GROUP, durable=True, now=0.0)
+            self._group(topic, DEFAULT_GROUP, durable=True, now=0.0, journal=journal)
         return topic
 
-    def _group(self, topic: Topic, name: str, *, durable: bool, now: float) -> Group:
+    def _group(self, topic: Topic, name: str, *, durable: bool, now: float, journal: bool = True) -> Group:
         group = topic.groups.get(name)
         if group is None:
             group = topic.groups[name] = Group(topic, name, durable)
             topic.groups_changed()
-            if durable and self.journal:
+            if durable and journal and self.journal:
                 self._changes.append(ch.GroupCreated(topic.name, name, now))
         return group
 
@@ -563,10 +563,11 @@ class Broker:
     # records hold only what was accepted once.
 
     def restore_topic(self, name: str) -> Topic:
-        return self.topics.get(name) or self._make_topic(name)
+        return self.topics.get(name) or self._make_topic(name, journal=False)
 
     def restore_group(self, topic: Topic, name: str, at: float) -> Group:
-        return self._group(topic, name, durable=True, now=at)
+        # Replayed, never new: its own record is in the log being replayed.
+        return self._group(topic, name, durable=True, now=at, journal=False)
 
     def restore_seq(self, next_seq: int) -> None:
         """Codes made from now on use sequence numbers from ``next_seq`` up (never lower)."""

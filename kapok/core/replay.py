@@ -138,6 +138,9 @@ class Mirror:
     long-lived mirror queues each message that finishes and ``prune`` forgets it when its
     retention is over, or early past ``retain_consumed_max``, as the master does.
     ``promote`` ends mirroring: the broker becomes live (``finish_recovery``).
+
+    Applying records never records anything of its own (the ``restore_*`` seams write no
+    change records), so the mirror's log stays its master's, LSN for LSN.
     """
 
     def __init__(self, broker: Broker) -> None:

@@ -193,6 +193,12 @@ async def test_acks_and_deletes_reach_the_mirror(start: Start, session: aiohttp.
         return first is not None and not first.live and codes[1] not in slave.broker.messages
 
     await eventually(mirrored, timeout_s=T, what="the ack and the delete on the slave")
+    # The slave's log is the master's, LSN for LSN, and never needed a full transfer.
+    leader = master.replication.leader
+    assert leader is not None
+    await eventually(leader.caught_up, timeout_s=T, what="the slave's ack of the last LSN")
+    assert slave.replication.wal.next_lsn == master.replication.wal.next_lsn
+    assert leader.full_transfers == 0
 
 
 async def test_a_paired_master_refuses_another_slave(start: Start) -> None:

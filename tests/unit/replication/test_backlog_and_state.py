@@ -86,3 +86,18 @@ def test_a_mirror_applies_a_masters_records_and_forgets_what_retention_lets_go()
     assert mirror.promote(T0 + 4) == 0
     consumer = copy.subscribe("jobs", now=T0 + 4)
     assert [e.msg.code for e in copy.take_pushes()[consumer.id]] == [codes[1]]
+
+
+def test_applying_records_writes_none_of_its_own() -> None:
+    """A slave's WAL must stay its master's, LSN for LSN: new topics and groups met while
+    replaying must not add records (they did: every p2p topic's default group)."""
+    settings = Config.default().mq.settings()
+    master = Broker(settings, journal=True)
+    master.publish([Draft("jobs", b"a")], T0)
+    master.subscribe("news", now=T0, group="g")
+    copy = Broker(settings, journal=True)
+    mirror = Mirror(copy)
+    for record in master.take_changes():
+        mirror.apply(record)
+    assert copy.take_changes() == []
+    assert set(copy.topics) == {"jobs", "news"} and "g" in copy.topics["news"].groups
