@@ -31,6 +31,7 @@ from typing import Any
 __all__ = [
     "NodeProcess",
     "cluster_sets",
+    "get_json",
     "nodes_view",
     "start_cluster",
     "start_node",
@@ -199,13 +200,20 @@ def stop_all(nodes: Sequence[NodeProcess]) -> None:
         node.stop()
 
 
+def get_json(node: NodeProcess | str, path: str, timeout_s: float = 2.0) -> Any:
+    """``GET <node URL><path>`` of a route that needs no key (``/health``, ``/cluster/nodes``,
+    ``/replication/state``), its JSON body; None when the node does not answer."""
+    url = node if isinstance(node, str) else node.url
+    try:
+        with urllib.request.urlopen(url + path, timeout=timeout_s) as response:
+            return json.loads(response.read())
+    except (OSError, ValueError):
+        return None
+
+
 def nodes_view(node: NodeProcess, timeout_s: float = 2.0) -> dict[str, dict[str, Any]]:
     """``GET /cluster/nodes`` of one node, by member name; {} when it does not answer."""
-    try:
-        with urllib.request.urlopen(node.url + "/cluster/nodes", timeout=timeout_s) as response:
-            rows: list[dict[str, Any]] = json.loads(response.read())
-    except OSError:
-        return {}
+    rows: list[dict[str, Any]] = get_json(node, "/cluster/nodes", timeout_s) or []
     return {row["name"]: row for row in rows}
 
 

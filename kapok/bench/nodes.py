@@ -8,7 +8,6 @@ processes (its archiver): they are part of what running a node costs.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import tempfile
@@ -17,25 +16,14 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from kapok.bench.proc import cpu_s, rss_bytes
 from kapok.launch import NodeProcess, start_node
 
-__all__ = ["LocalNode", "Node", "RemoteNode", "replication_state", "wait_health"]
+__all__ = ["LocalNode", "Node", "RemoteNode", "wait_health"]
 
 RECOVERED = re.compile(r"recovered (\d+) messages in ([0-9.]+) s")
 START_TIMEOUT_S = 120.0  # a restart may replay a long WAL
-
-
-def replication_state(http_url: str) -> dict[str, Any]:
-    """The node's ``/replication/state``; {} when it does not answer."""
-    try:
-        with urllib.request.urlopen(http_url + "/replication/state", timeout=2.0) as response:
-            body: dict[str, Any] = json.loads(response.read())
-            return body
-    except (OSError, ValueError):
-        return {}
 
 
 def wait_health(http_url: str, timeout_s: float) -> bool:

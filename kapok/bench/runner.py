@@ -6,9 +6,10 @@ from __future__ import annotations
 import time
 
 from kapok.bench.harness import CaseFailed, Harness, Options, Progress
-from kapok.bench.nodes import LocalNode, Node, RemoteNode, replication_state
+from kapok.bench.nodes import LocalNode, Node, RemoteNode
 from kapok.bench.report import Row
 from kapok.bench.workloads import WORKLOADS
+from kapok.launch import get_json
 
 __all__ = ["run"]
 
@@ -74,7 +75,7 @@ def _start_slave(h: Harness, master: LocalNode, fsync: str, mode: str) -> LocalN
             f"replication.mode={mode}"]  # fmt: skip
     slave = LocalNode(fsync, sets)
     try:
-        while not replication_state(master.http_url).get("link_up"):
+        while not (get_json(master.http_url, "/replication/state") or {}).get("link_up"):
             if time.monotonic() > h.deadline:
                 raise CaseFailed("the slave did not connect to its master")
             time.sleep(0.05)

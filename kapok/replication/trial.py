@@ -26,7 +26,6 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -35,7 +34,7 @@ from typing import Any
 
 import aiohttp
 
-from kapok.launch import NodeProcess, cluster_sets, start_node, stop_all, wait_for
+from kapok.launch import NodeProcess, cluster_sets, get_json, start_node, stop_all, wait_for
 
 __all__ = ["Outcome", "failover_trial", "main", "start_pair", "state_of"]
 
@@ -104,13 +103,8 @@ def start_pair(
 
 def state_of(node: NodeProcess | str) -> dict[str, Any]:
     """``GET /replication/state`` of a node; {} when it does not answer."""
-    url = node if isinstance(node, str) else node.url
-    try:
-        with urllib.request.urlopen(url + "/replication/state", timeout=2.0) as response:
-            body: dict[str, Any] = json.loads(response.read())
-            return body
-    except OSError:
-        return {}
+    state: dict[str, Any] = get_json(node, "/replication/state") or {}
+    return state
 
 
 def active_at(node: NodeProcess, since: float) -> float | None:

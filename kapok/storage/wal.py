@@ -203,14 +203,7 @@ class WriteAheadLog:
             self._batches.append(_Batch(self.next_lsn, [], self._cut_next))
             self._cut_next = False
         self._batches[-1].changes.extend(changes)
-        self.next_lsn += len(changes)
-        self.records_written += len(changes)
-        future = self._pending
-        if future is None:
-            assert self._loop is not None, "append before start"
-            future = self._pending = self._loop.create_future()
-            self._wakeup.set()
-        return future
+        return self._queued(len(changes))
 
     def append_encoded(self, payload: bytes, count: int) -> asyncio.Future[None]:
         """Queue one batch that is already encoded (``count`` records, as another node's
@@ -219,6 +212,11 @@ class WriteAheadLog:
             raise self.failed
         self._batches.append(_Batch(self.next_lsn, [], self._cut_next, payload, count))
         self._cut_next = False
+        return self._queued(count)
+
+    def _queued(self, count: int) -> asyncio.Future[None]:
+        """Count ``count`` records just queued; the future every append shares until the
+        flusher takes them."""
         self.next_lsn += count
         self.records_written += count
         future = self._pending

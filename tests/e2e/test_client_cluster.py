@@ -24,9 +24,8 @@ from tests.chisquare import chi_square_uniform_p
 
 from kapok.client import Consumer, Message, Producer
 from kapok.errors import ConnectionLostError
-from kapok.launch import NodeProcess, nodes_view, stop_all, wait_for
+from kapok.launch import NodeProcess, get_json, nodes_view, stop_all, wait_for
 from kapok.local_cluster import plan_cluster, start_planned, start_plans
-from kapok.replication.trial import state_of as fetch_state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -111,78 +110,99 @@ def test_the_same_through_kapok_produce_and_kapok_consume(cluster: list[NodeProc
     assert rest.returncode == 0 and rest.stdout == ""
 
 
-async def test_kill_9_a_master_while_publishing(tmp_path: Path) -> None:
-    plans = plan_cluster(3, slaves=False)
-    nodes = start_plans(tmp_path, plans)
-    victim_plan, victim = plans[1], nodes[1]
-    total = 40_000
-    received: dict[str, set[str]] = collections.defaultdict(set)  # payload -> codes
-    origin: dict[str, str] = {}  # code -> the node that delivered it
-    after_kill: collections.Counter[str] = collections.Counter()
-    killed_at: list[float] = []
+class _Traffic:
+    """A producer publishing ``total`` numbered messages and a consumer acking all it gets,
+    with what each saw: the codes every payload arrived under, the node that delivered
+    each, and deliveries per node after the kill."""
 
-    async def consume(consumer: Consumer) -> None:
+    def __init__(self, consumer: Consumer, producer: Producer, total: int) -> None:
+        self.consumer, self.producer, self.total = consumer, producer, total
+        self.received: dict[str, set[str]] = collections.defaultdict(set)  # payload -> codes
+        self.origin: dict[str, str] = {}  # code -> the node that delivered it
+        self.after_kill: collections.Counter[str] = collections.Counter()
+        self.killed = False
+        loop = asyncio.get_running_loop()
+        self.reader = loop.create_task(self._consume())
+        self.sender = loop.create_task(self._publish_all())
+
+    async def _consume(self) -> None:
         while True:
-            msg: Message = await consumer.get()
-            received[msg.text].add(msg.code)
-            origin.setdefault(msg.code, msg.node)
-            if killed_at:
-                after_kill[msg.node] += 1
+            msg: Message = await self.consumer.get()
+            self.received[msg.text].add(msg.code)
+            self.origin.setdefault(msg.code, msg.node)
+            if self.killed:
+                self.after_kill[msg.node] += 1
             with contextlib.suppress(ConnectionLostError):  # its node died: it comes again
                 await msg.ack()
 
+    async def _publish_all(self) -> list[asyncio.Future[str]]:
+        futures = []
+        for i in range(self.total):
+            futures.append(await self.producer.send(str(i)))
+            if i % 200 == 0:
+                await asyncio.sleep(0)  # confirmations come in while we publish
+        return futures
+
+    async def kill_when(self, victim: NodeProcess, name: str, confirmed: int) -> None:
+        """SIGKILL ``victim`` once it has confirmed ``confirmed`` messages, mid-traffic."""
+        deadline = time.monotonic() + DEADLINE_S
+        while self.producer.stats.node(name).confirmed < confirmed:
+            assert not self.sender.done() and time.monotonic() < deadline, "the kill would come too late"
+            await asyncio.sleep(0.005)
+        victim.kill()
+        self.killed = True
+        assert not self.sender.done()  # still publishing
+
+    async def finish(self) -> dict[str, str]:
+        """Every send confirmed, and every payload received; the confirmed code of each."""
+        futures = await asyncio.wait_for(self.sender, 120)
+        await asyncio.wait_for(self.producer.flush(), 120)
+        failed = [f.exception() for f in futures if f.exception() is not None]
+        assert not failed, failed[:3]
+        confirmed = {str(i): f.result() for i, f in enumerate(futures)}
+        deadline = time.monotonic() + 60
+        while len(self.received) < self.total:
+            assert time.monotonic() < deadline, f"{len(self.received)} of {self.total} received"
+            await asyncio.sleep(0.05)
+        self.reader.cancel()
+        return confirmed
+
+    def check(self, confirmed: dict[str, str]) -> None:
+        """No confirmed message lost, and none delivered under a second code. (A node delivers
+        a message only once its WAL record is durable, and with sync replication once its
+        slave has it, so no node can have handed out a message that a resend then stored
+        again under another code.)"""
+        assert set(self.received) == set(confirmed)
+        doubles = [(p, codes) for p, codes in self.received.items() if codes != {confirmed[p]}]
+        assert not doubles, [(p, [(c, self.origin.get(c)) for c in codes]) for p, codes in doubles[:3]]
+
+
+FAST = {"backoff_cap_s": 0.5, "refresh_interval_s": 0.5}
+
+
+async def test_kill_9_a_master_while_publishing(tmp_path: Path) -> None:
+    plans = plan_cluster(3, slaves=False)
+    nodes = start_plans(tmp_path, plans)
+    victim_plan = plans[1]
     try:
         wait_for(lambda: _all_alive(nodes), DEADLINE_S, 0.1)
-        fast = {"backoff_cap_s": 0.5, "refresh_interval_s": 0.5}
-        consumer = Consumer(nodes[0].url, topic="kill", **fast)
-        producer = Producer(nodes[0].url, topic="kill", in_doubt_wait_s=60.0, publish_timeout_s=90.0, **fast)
+        consumer = Consumer(nodes[0].url, topic="kill", **FAST)
+        producer = Producer(nodes[0].url, topic="kill", in_doubt_wait_s=60.0, publish_timeout_s=90.0, **FAST)
         async with consumer, producer:
-            loop = asyncio.get_running_loop()
-            reader = loop.create_task(consume(consumer))
-
-            async def publish_all() -> list[asyncio.Future[str]]:
-                futures = []
-                for i in range(total):
-                    futures.append(await producer.send(str(i)))
-                    if i % 200 == 0:
-                        await asyncio.sleep(0)  # confirmations come in while we publish
-                return futures
-
-            sender = loop.create_task(publish_all())
-            deadline = time.monotonic() + DEADLINE_S
-            while producer.stats.node(victim_plan.name).confirmed < 1000:
-                assert not sender.done() and time.monotonic() < deadline, "the kill would come too late"
-                await asyncio.sleep(0.005)
-            victim.kill()  # SIGKILL, with batches unconfirmed on the way
-            killed_at.append(time.monotonic())
-            assert not sender.done()  # still publishing
+            traffic = _Traffic(consumer, producer, 40_000)
+            await traffic.kill_when(nodes[1], victim_plan.name, 1000)
             # The consumer keeps receiving from the others meanwhile.
             deadline = time.monotonic() + DEADLINE_S
-            while sum(n for name, n in after_kill.items() if name != victim_plan.name) < 1000:
-                assert time.monotonic() < deadline, after_kill
+            while sum(n for name, n in traffic.after_kill.items() if name != victim_plan.name) < 1000:
+                assert time.monotonic() < deadline, traffic.after_kill
                 await asyncio.sleep(0.05)
             # The master comes back (same name, ports and data); batches in doubt go back to it.
             nodes[1] = await asyncio.to_thread(start_planned, tmp_path, victim_plan, plans)
-            futures = await asyncio.wait_for(sender, 90)
-            await asyncio.wait_for(producer.flush(), 90)
-            failed = [f.exception() for f in futures if f.exception() is not None]
-            assert not failed, failed[:3]
-            confirmed = {str(i): f.result() for i, f in enumerate(futures)}
-            deadline = time.monotonic() + 60
-            while len(received) < total:
-                assert time.monotonic() < deadline, f"{len(received)} of {total} received"
-                await asyncio.sleep(0.05)
-            reader.cancel()
+            confirmed = await traffic.finish()
         print(f"\nkill -9 {victim_plan.name}: retried {producer.stats.retried}, received after the kill "
-              f"{dict(after_kill)}, redelivered {sum(len(c) > 1 for c in received.values())}")  # fmt: skip
-        assert killed_at and producer.stats.node(victim_plan.name).failures >= 1
-        assert set(received) == set(confirmed)  # no confirmed message lost
-        # None duplicated: every payload arrived under the code the producer was told, and no
-        # other. (A node delivers a message only once its WAL record is durable, so the victim
-        # cannot have handed out a message it then lost, which the resend would have stored
-        # again under a second code.)
-        doubles = [(payload, codes) for payload, codes in received.items() if codes != {confirmed[payload]}]
-        assert not doubles, doubles[:3]
+              f"{dict(traffic.after_kill)}")  # fmt: skip
+        assert producer.stats.node(victim_plan.name).failures >= 1
+        traffic.check(confirmed)
     finally:
         stop_all(nodes)
 
@@ -196,67 +216,23 @@ async def test_the_client_follows_a_takeover_to_the_slave(tmp_path: Path) -> Non
     plans = plan_cluster(2, slaves=True)  # m1, m2 and their slaves s1, s2 (sync replication)
     nodes = start_plans(tmp_path, plans)
     by_name = {plan.name: node for plan, node in zip(plans, nodes, strict=True)}
-    total = 20_000
-    received: dict[str, set[str]] = collections.defaultdict(set)
-    after_kill: collections.Counter[str] = collections.Counter()
-    killed: list[float] = []
-    who: dict[str, tuple[str, bool]] = {}
-
-    async def consume(consumer: Consumer) -> None:
-        while True:
-            msg: Message = await consumer.get()
-            received[msg.text].add(msg.code)
-            who.setdefault(msg.code, (msg.node, bool(killed)))
-            if killed:
-                after_kill[msg.node] += 1
-            with contextlib.suppress(ConnectionLostError):
-                await msg.ack()
-
     try:
         wait_for(lambda: all(_paired(by_name[m].url) for m in ("m1", "m2")), DEADLINE_S, 0.1)
-        fast = {"backoff_cap_s": 0.5, "refresh_interval_s": 0.5}
-        consumer = Consumer(by_name["m2"].url, topic="takeover", **fast)
+        consumer = Consumer(by_name["m2"].url, topic="takeover", **FAST)
         producer = Producer(  # in doubt: wait for the pair longer than a takeover takes (3 s)
-            by_name["m2"].url, topic="takeover", in_doubt_wait_s=15.0, publish_timeout_s=90.0, **fast
+            by_name["m2"].url, topic="takeover", in_doubt_wait_s=15.0, publish_timeout_s=90.0, **FAST
         )
         async with consumer, producer:
-            loop = asyncio.get_running_loop()
-            reader = loop.create_task(consume(consumer))
-
-            async def publish_all() -> list[asyncio.Future[str]]:
-                futures = []
-                for i in range(total):
-                    futures.append(await producer.send(str(i)))
-                    if i % 200 == 0:
-                        await asyncio.sleep(0)
-                return futures
-
-            sender = loop.create_task(publish_all())
-            deadline = time.monotonic() + DEADLINE_S
-            while producer.stats.node("m1").confirmed < 1000:
-                assert not sender.done() and time.monotonic() < deadline, "the kill would come too late"
-                await asyncio.sleep(0.005)
-            by_name["m1"].kill()
-            killed.append(time.monotonic())
-            futures = await asyncio.wait_for(sender, 120)
-            await asyncio.wait_for(producer.flush(), 120)
-            failed = [f.exception() for f in futures if f.exception() is not None]
-            assert not failed, failed[:3]
-            confirmed = {str(i): f.result() for i, f in enumerate(futures)}
-            deadline = time.monotonic() + 60
-            while len(received) < total:
-                assert time.monotonic() < deadline, f"{len(received)} of {total} received"
-                await asyncio.sleep(0.05)
-            reader.cancel()
-        print(f"\nkill -9 m1: received after the kill {dict(after_kill)}, retried {producer.stats.retried}")
-        assert after_kill["s1"] > 0  # the slave delivered once it took over
-        assert set(received) == set(confirmed)
-        doubles = [(payload, codes) for payload, codes in received.items() if codes != {confirmed[payload]}]
-        assert not doubles, [(p, [(c, who.get(c)) for c in codes]) for p, codes in doubles[:3]]
+            traffic = _Traffic(consumer, producer, 20_000)
+            await traffic.kill_when(by_name["m1"], "m1", 1000)
+            confirmed = await traffic.finish()
+        print(f"\nkill -9 m1: received after the kill {dict(traffic.after_kill)}")
+        assert traffic.after_kill["s1"] > 0  # the slave delivered once it took over
+        traffic.check(confirmed)
     finally:
         stop_all(nodes)
 
 
 def _paired(url: str) -> bool:
-    state = fetch_state(url)
+    state = get_json(url, "/replication/state") or {}
     return bool(state.get("link_up")) and state.get("role") == "leader"

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from kapok.launch import cluster_sets, start_node, stop_all, wait_for
+from kapok.launch import cluster_sets, get_json, start_node, stop_all, wait_for
 from kapok.replication.trial import failover_trial, start_pair, state_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -30,12 +30,8 @@ DEADLINE_S = 30.0
 
 
 def _health(url: str) -> dict[str, Any]:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=2.0) as resp:
-            body: dict[str, Any] = json.loads(resp.read())
-            return body
-    except OSError:
-        return {}
+    health: dict[str, Any] = get_json(url, "/health") or {}
+    return health
 
 
 def _publish(url: str, *datas: str) -> tuple[int, dict[str, Any]]:
@@ -78,11 +74,7 @@ def _pull_all(url: str, group: str = "default") -> list[dict[str, Any]]:
 
 def _active_in_view(url: str) -> list[str]:
     """The members a node's gossip view (``/cluster/nodes``) shows active."""
-    try:
-        with urllib.request.urlopen(url + "/cluster/nodes", timeout=2.0) as resp:
-            return [row["name"] for row in json.loads(resp.read()) if row["active"]]
-    except OSError:
-        return []
+    return [row["name"] for row in get_json(url, "/cluster/nodes") or [] if row["active"]]
 
 
 class _Watcher:
