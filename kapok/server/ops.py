@@ -47,5 +47,8 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def pair_role(node: ReplicationNode) -> str:
-    """``master`` while a node leads its pair (fenced or handing over included), else ``slave``."""
-    return "slave" if node.role in (Role.FOLLOWER, Role.STARTING) else "master"
+    """``master`` while a node leads its pair (fenced or handing over included), ``slave``
+    while it follows; while it starts, the role it is configured for."""
+    if node.role is Role.STARTING:
+        return node.configured_role
+    return "slave" if node.role is Role.FOLLOWER else "master"
