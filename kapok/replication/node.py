@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -271,9 +272,26 @@ class ReplicationNode:
                 await self._watchdog
         async with self._lock:
             leader = self.leader
-            if self.role is Role.LEADER and self.cfg.give_back and leader is not None and leader.caught_up():
+            if (
+                self.role is Role.LEADER
+                and self.cfg.give_back
+                and leader is not None
+                and await self._catch_up(leader, self.cfg.failover_timeout_s)
+            ):
                 await self._hand_over(stopping=True)
             await self._stop_drivers()
+
+    async def _catch_up(self, leader: Leader, timeout_s: float) -> bool:
+        """Whether the follower holds everything logged, after waiting up to ``timeout_s``
+        for its acks: a node stopped while clients are busy has always just logged something
+        (deliveries, acks), and waiting longer than the failover timeout would be pointless."""
+        deadline = time.monotonic() + timeout_s
+        await self.wal.flush()
+        while not leader.caught_up():
+            if leader.session is None or time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
 
     async def _stop_drivers(self) -> None:
         if self.follower is not None:
