@@ -287,8 +287,12 @@ class ReplicationNode:
         (deliveries, acks), and waiting longer than the failover timeout would be pointless."""
         deadline = time.monotonic() + timeout_s
         await self.wal.flush()
+        if not leader.caught_up() and leader.session is not None:
+            name = leader.session.name
+            log.info("waiting up to %.1f s for %s to catch up before handing over", timeout_s, name)
         while not leader.caught_up():
             if leader.session is None or time.monotonic() >= deadline:
+                log.warning("%s did not catch up: stopping without a hand-over", self.state.partner)
                 return False
             await asyncio.sleep(0.01)
         return True

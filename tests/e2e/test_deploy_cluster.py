@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import signal
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,7 @@ import pytest
 import yaml
 
 from kapok.launch import NodeProcess, nodes_view, start_node, stop_all, wait_for
+from kapok.replication.trial import start_pair, state_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -190,3 +192,42 @@ async def test_example_cluster_converges_and_a_sigterm_hands_over_with_every_ste
             assert line["node"] == name, line
             lines += 1
     assert lines > 100  # at debug level: the check above read real logs
+
+
+def test_a_second_signal_during_the_shutdown_exits_at_once(tmp_path: Path) -> None:
+    """A master whose slave cannot catch up (their link is cut) waits for it before handing
+    over; the operator signals again meanwhile."""
+    faults = tmp_path / "master.faults.json"
+    faults.write_text("{}")
+    master, slave = start_pair(
+        tmp_path, mode="async", profile="fast", failover_timeout_s=10.0,
+        launchers=(("-m", "kapok.faulty", "--fault-file", str(faults), "--"), ("-m", "kapok")),
+    )  # fmt: skip
+    try:
+        faults.write_text('{"block_sync": true}')
+
+        def cut() -> bool:  # published until one stays unacknowledged by the slave
+            request = urllib.request.Request(
+                master.url + "/v1/topics/jobs/messages", data=b'{"data": "x"}',
+                headers={"Authorization": "Bearer test", "Content-Type": "application/json"},
+            )  # fmt: skip
+            with urllib.request.urlopen(request, timeout=10):
+                pass
+            return _lag(master) > 0
+
+        wait_for(cut, DEADLINE_S, 0.1)
+        master.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: "to catch up before handing over" in master.output, DEADLINE_S, 0.05)
+        master.proc.send_signal(signal.SIGTERM)
+        code = master.proc.wait(10)
+    finally:
+        stop_all([master, slave])
+    assert code == 128 + signal.SIGTERM
+    said = [line for line in master.output.splitlines() if "received during the shutdown" in line]
+    assert len(said) == 1 and "SIGTERM received during the shutdown: exiting at once" in said[0], said
+    assert "stopped cleanly" not in master.output and "did not catch up" not in master.output
+
+
+def _lag(node: NodeProcess) -> int:
+    lag = state_of(node).get("lag") or {}
+    return int(lag.get("records", 0))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import kapok
+import kapok.logs
 from kapok.cli import main
 from kapok.cluster.show import nodes_table
 from kapok.config import Config
@@ -84,6 +86,11 @@ def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Config]:
     fake.serve = calls.append  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "kapok.server.runner", fake)
     monkeypatch.chdir(tmp_path)
+    # `serve` sets up logging for the process: give it back as it was after the test.
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
+    monkeypatch.setattr(kapok.logs, "_handler", None)
     for name in [k for k in os.environ if k.startswith("KAPOK_")]:
         monkeypatch.delenv(name)
     return calls
