@@ -18,6 +18,7 @@ the KapokMQ key it came from (``ConfigError`` of ``annotate``).
 from __future__ import annotations
 
 import copy
+import difflib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -171,8 +172,13 @@ class _Translator:
                     rest[section] = copy.deepcopy(body)  # Kapok's loader reports it
                 continue
             keep = {k: copy.deepcopy(v) for k, v in body.items() if f"{section}.{k}" not in KAPOKMQ_KEYS}
-            if keep or section not in _KAPOKMQ_ONLY:  # an unknown key left in sync: Kapok reports it
+            if section not in _KAPOKMQ_ONLY:
                 rest[section] = keep
+            elif keep:  # Kapok has no such section to report it
+                known = [k.partition(".")[2] for k in KAPOKMQ_KEYS if k.startswith(section + ".")]
+                close = difflib.get_close_matches(str(next(iter(keep))), known, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f" (KapokMQ's: {', '.join(known)})"
+                raise ConfigError(f"{section}.{next(iter(keep))}: unknown key{hint}")
         for section, body in self.out.items():
             target = rest.setdefault(section, {})
             for name, value in body.items():

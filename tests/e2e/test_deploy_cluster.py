@@ -135,8 +135,14 @@ async def test_example_cluster_converges_and_a_sigterm_hands_over_with_every_ste
     try:
         await asyncio.to_thread(wait_for, lambda: _converged(nodes), DEADLINE_S, 0.2)
         m1, s1 = nodes["m1"], nodes["s1"]
-        codes = (await asyncio.to_thread(_http, m1.url, "/v1/topics/jobs/messages",
-                                         {"messages": [{"data": d} for d in ("a", "b", "c")]}))["codes"]
+        codes = (
+            await asyncio.to_thread(
+                _http,
+                m1.url,
+                "/v1/topics/jobs/messages",
+                {"messages": [{"data": d} for d in ("a", "b", "c")]},
+            )
+        )["codes"]
         assert len(codes) == 3  # sync mode: s1 holds them too
         consumer = await _hold_unacked(m1.url, 3)
 

@@ -34,6 +34,13 @@ def kapokmq_keys(path: Path) -> list[str]:
     return [f"{section}.{key}" for section, body in raw.items() for key in body]
 
 
+async def handshake(ws: aiohttp.ClientWebSocketResponse) -> None:
+    """KapokMQ's in-band handshake with the shipped key."""
+    assert await ws.receive_str(timeout=5) == "Please enter the secret key"
+    await ws.send_str("test")
+    assert await ws.receive_str(timeout=5) == "Secret key matching succeeded"
+
+
 async def test_serve_on_kapokmq_application_yaml_serves_kapokmq_clients(
     tmp_path: Path, kapokmq_yaml: Path
 ) -> None:
@@ -42,9 +49,7 @@ async def test_serve_on_kapokmq_application_yaml_serves_kapokmq_clients(
     try:
         async with aiohttp.ClientSession() as session:
             async with session.ws_connect(node.ws_url + "/Producers/Conn/jobs/p1") as producer:
-                assert await producer.receive_str(timeout=5) == "Please enter the secret key"
-                await producer.send_str("test")
-                assert await producer.receive_str(timeout=5) == "Secret key matching succeeded"
+                await handshake(producer)
                 await producer.send_str('{"MessageData": "over ws", "DelayTime": 0}')
                 assert await producer.receive_str(timeout=5) == "ok"
             form = {"messageData": "over http", "topic": "jobs", "delayTime": "0"}
@@ -53,9 +58,7 @@ async def test_serve_on_kapokmq_application_yaml_serves_kapokmq_clients(
                 sent = await resp.json(content_type=None)
             assert sent["code"] == 0, sent
             async with session.ws_connect(node.ws_url + "/Consumers/Conn/jobs/c1") as consumer:
-                assert await consumer.receive_str(timeout=5) == "Please enter the secret key"
-                await consumer.send_str("test")
-                assert await consumer.receive_str(timeout=5) == "Secret key matching succeeded"
+                await handshake(consumer)
                 received = []
                 for _ in range(2):
                     pushed = await consumer.receive_json(timeout=5)
