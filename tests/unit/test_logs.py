@@ -15,6 +15,7 @@ import pytest
 import kapok.logs
 from kapok.config import load_config
 from kapok.logs import NodeFormatter, relog, set_node, setup_child, setup_logging
+from kapok.server.runner import _warn_plain_traffic
 
 KEY, GOSSIP = "kq-distinct-key-7781", "gz-distinct-gossip-3312"
 
@@ -133,3 +134,12 @@ def test_archiver_records_are_logged_by_the_node(tmp_path: Path) -> None:
     ]
     assert lines[0]["time"] == json.loads(sent[0])["time"]  # the child's time, not the relay's
     assert lines[1]["time"] == "2020-01-02T03:04:05.678Z"
+
+
+@pytest.mark.parametrize(("sets", "warned"), [((), 0), (("server.host=0.0.0.0", f"mq.secret_key={KEY}"), 1)])
+def test_plain_traffic_off_loopback_is_a_warning(
+    sets: tuple[str, ...], warned: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    _warn_plain_traffic(load_config(None, overrides=list(sets), env={}))
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(lines) == warned and all("travel unencrypted" in line for line in lines)
