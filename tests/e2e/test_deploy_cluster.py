@@ -196,6 +196,7 @@ async def test_example_cluster_converges_and_a_sigterm_hands_over_with_every_ste
         assert KEY not in text and GOSSIP_SECRET not in text, name
         for line in _log(node, name):
             assert line["node"] == name, line
+            assert line["level"] != "ERROR", line  # nothing went wrong in a clean run
             lines += 1
     assert lines > 100  # at debug level: the check above read real logs
 
