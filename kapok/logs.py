@@ -31,6 +31,7 @@ from typing import Any, TextIO
 import orjson
 
 from kapok.config import DEFAULT_SECRET_KEY, Config
+from kapok.errors import ConfigError
 
 __all__ = ["HUMAN_FORMAT", "NodeFormatter", "relog", "set_node", "setup_child", "setup_logging"]
 
@@ -99,10 +100,13 @@ def setup_logging(config: Config, *, node: str | None = None) -> None:
     handler: logging.Handler
     if cfg.file:
         path = Path(cfg.file)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handler = logging.handlers.RotatingFileHandler(
-            path, maxBytes=cfg.max_bytes, backupCount=cfg.backups, encoding="utf-8"
-        )
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handler = logging.handlers.RotatingFileHandler(
+                path, maxBytes=cfg.max_bytes, backupCount=cfg.backups, encoding="utf-8"
+            )
+        except OSError as exc:
+            raise ConfigError(f"log.file: cannot write {cfg.file!r}: {exc.strerror or exc}") from None
     else:
         handler = _Stderr()
     handler.setFormatter(

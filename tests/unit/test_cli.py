@@ -233,3 +233,9 @@ def test_check_of_a_bad_config_is_one_line_exit_2(
 ) -> None:
     args = [item for s in sets for item in ("--set", s)]
     assert_one_line_error(run_kapok("check", *args, cwd=tmp_path), 2, fragment)
+
+
+def test_a_log_file_that_cannot_be_written_is_one_line_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "taken").write_text("a file, not a folder")
+    result = run_kapok("serve", "--set", "log.file=taken/kapok.log", "--set", "server.port=0", cwd=tmp_path)
+    assert_one_line_error(result, 2, "log.file: cannot write 'taken/kapok.log'")
