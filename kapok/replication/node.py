@@ -272,19 +272,18 @@ class ReplicationNode:
                 await self._watchdog
         async with self._lock:
             leader = self.leader
-            if (
-                self.role is Role.LEADER
-                and self.cfg.give_back
-                and leader is not None
-                and await self._catch_up(leader, self.cfg.failover_timeout_s)
-            ):
-                await self._hand_over(stopping=True)
+            session = leader.session if leader is not None else None
+            if self.role is Role.LEADER and self.cfg.give_back and leader is not None and session is not None:
+                # Clients go first, so the log stops growing and the slave can catch up.
+                await self._close_clients(f"handing over to {session.url}")
+                if await self._catch_up(leader, self.cfg.failover_timeout_s):
+                    await self._hand_over(stopping=True)
             await self._stop_drivers()
 
     async def _catch_up(self, leader: Leader, timeout_s: float) -> bool:
         """Whether the follower holds everything logged, after waiting up to ``timeout_s``
-        for its acks: a node stopped while clients are busy has always just logged something
-        (deliveries, acks), and waiting longer than the failover timeout would be pointless."""
+        for its acks (its last ones are usually in flight: the closed clients' requeues),
+        but no longer than the failover timeout, which a hand-over is there to beat."""
         deadline = time.monotonic() + timeout_s
         await self.wal.flush()
         if not leader.caught_up() and leader.session is not None:
