@@ -151,15 +151,7 @@ class Mirror:
                 self._retire(msg)
 
     def apply(self, record: ch.Change) -> None:
-        # The record is in this node's log already, under the master's LSN: applying it must
-        # journal nothing (a new topic's default group, say), as recovery journals nothing,
-        # or the slave's log would run ahead of its master's and a hand-over would fail.
-        broker = self.broker
-        journal, broker.journal = broker.journal, False
-        try:
-            apply(broker, record)
-        finally:
-            broker.journal = journal
+        apply(self.broker, record)
         if isinstance(record, ch.Settled | ch.Published):
             msg = self.broker.messages.get(record.code)
             if msg is not None and not msg.live and msg.finished_at == _finished_at(record):
