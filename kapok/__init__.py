@@ -7,7 +7,4 @@ in aiohttp); import what you need from its modules: ``kapok.config``,
 
 __version__ = "0.1.0"
 
-# Every process of a node (the node, its archiver) logs lines of this shape.
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-__all__ = ["LOG_FORMAT", "__version__"]
+__all__ = ["__version__"]

@@ -15,13 +15,14 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, TypeAlias
 
-from kapok import LOG_FORMAT, __version__
+from kapok import __version__
 from kapok.errors import ConfigError, KapokError
 
 if TYPE_CHECKING:
     from kapok.config import Config
+    from kapok.config_kapokmq import Note
 
 __all__ = ["main"]
 
@@ -29,6 +30,7 @@ PROG = "kapok"
 DEFAULT_CONFIG_FILE = "application.yaml"
 EXIT_ERROR = 1
 EXIT_USAGE = 2  # also used for configuration errors, like argparse's usage errors
+_Commands: TypeAlias = "argparse._SubParsersAction[_Parser]"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,6 +56,23 @@ def _build_parser() -> argparse.ArgumentParser:
     _config_options(importer)
     importer.set_defaults(func=_cmd_import)
 
+    check = commands.add_parser(
+        "check",
+        help="validate a configuration and print its effective values (secrets hidden)",
+        description="Load the configuration as `kapok serve` would (file, KAPOK_* variables, --set), check "
+        "every key and the rules across keys, and print the effective values as YAML. Exit code 0, or "
+        "one line on stderr and 2.",
+    )
+    _config_options(check)
+    check.set_defaults(func=_cmd_check)
+
+    config_commands = _group(commands, "config", "work with configuration files")
+    convert = config_commands.add_parser(
+        "convert", help="print the Kapok application.yaml equivalent to a KapokMQ application.yaml"
+    )
+    convert.add_argument("source", metavar="FILE", help="KapokMQ's application.yaml")
+    convert.set_defaults(func=_cmd_config_convert)
+
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(func=_cmd_version)
 
@@ -66,19 +85,13 @@ def _build_parser() -> argparse.ArgumentParser:
     _bench_options(bench)
     bench.set_defaults(func=_cmd_bench)
 
-    cluster = commands.add_parser("cluster", help="look at a cluster through one of its nodes")
-    cluster_commands = cluster.add_subparsers(
-        dest="cluster_command", metavar="COMMAND", required=True, parser_class=_Parser
-    )
+    cluster_commands = _group(commands, "cluster", "look at a cluster through one of its nodes")
     nodes = cluster_commands.add_parser("nodes", help="list the members one node's gossip view holds")
     nodes.add_argument("--seed", required=True, metavar="URL", help="any node's HTTP URL, e.g. http://127.0.0.1:8011")
     nodes.add_argument("--json", action="store_true", help="print the JSON list instead of the table")
     nodes.set_defaults(func=_cmd_cluster_nodes)
 
-    replication = commands.add_parser("replication", help="look at or change a node's master/slave pairing")
-    replication_commands = replication.add_subparsers(
-        dest="replication_command", metavar="COMMAND", required=True, parser_class=_Parser
-    )
+    replication_commands = _group(commands, "replication", "look at or change a node's master/slave pairing")
     state = replication_commands.add_parser("state", help="the pair as one node sees it (role, epoch, lag)")
     state.add_argument("--url", required=True, help="the node's HTTP URL, e.g. http://127.0.0.1:8011")
     state.set_defaults(func=_cmd_replication, action="state")
@@ -235,6 +248,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _group(commands: _Commands, name: str, help: str) -> _Commands:
+    """A command with subcommands of its own (``kapok cluster nodes``)."""
+    group = commands.add_parser(name, help=help)
+    dest = f"{name}_command"
+    return group.add_subparsers(dest=dest, metavar="COMMAND", required=True, parser_class=_Parser)
+
+
 def _bench_options(command: argparse.ArgumentParser) -> None:
     add = command.add_argument
     add(
@@ -306,17 +326,47 @@ def _config_options(command: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace) -> Config:
+    """The configuration, and logging set up from it (a KapokMQ file's notes logged)."""
+    from kapok.logs import setup_logging
+
+    config, notes = _load_quietly(args)
+    setup_logging(config)
+    log = logging.getLogger("kapok.config")
+    for note in notes:
+        log.log(note.level, "%s", note.text)
+    return config
+
+
+def _load_quietly(args: argparse.Namespace) -> tuple[Config, list[Note]]:
     from kapok.config import load_config
 
     path: str | None = args.config
     if path is None and Path(DEFAULT_CONFIG_FILE).is_file():
         path = DEFAULT_CONFIG_FILE
-    config = load_config(path, overrides=args.overrides, env=os.environ)
-    logging.basicConfig(
-        level=config.log.level.upper(),
-        format=LOG_FORMAT,
-    )
-    return config
+    notes: list[Note] = []
+    return load_config(path, overrides=args.overrides, env=os.environ, notes=notes), notes
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    import yaml
+
+    from kapok.cluster.node import swim_config
+    from kapok.config import public_dict
+
+    config, notes = _load_quietly(args)
+    swim_config(config.cluster)  # the gossip timings' rules across keys (cluster.tuning)
+    for note in notes:
+        print(f"{PROG}: {note.text}", file=sys.stderr)
+    print(yaml.safe_dump(public_dict(config), sort_keys=False, allow_unicode=True), end="")
+    print(f"{PROG}: configuration OK (node {config.server.node_name})", file=sys.stderr)
+    return 0
+
+
+def _cmd_config_convert(args: argparse.Namespace) -> int:
+    from kapok.config_kapokmq import convert_file
+
+    print(convert_file(Path(args.source)), end="")
+    return 0
 
 
 def _cmd_import(args: argparse.Namespace) -> int:

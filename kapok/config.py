@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import functools
 import ipaddress
+import logging
 import math
 import os
 import types
@@ -29,6 +30,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from kapok.config_kapokmq import Note, annotate, is_kapokmq, translate
 from kapok.core.settings import BrokerSettings, TopicSettings
 from kapok.errors import ConfigError
 
@@ -48,6 +50,7 @@ __all__ = [
     "is_loopback",
     "load_config",
     "public_dict",
+    "read_config_file",
     "validate_config",
 ]
 
@@ -265,6 +268,10 @@ class ConsoleConfig:
 @dataclass(frozen=True, slots=True)
 class LogConfig:
     level: str = _opt("info", choices=("debug", "info", "warning", "error"))  # least severe level logged
+    format: str = _opt("human", choices=("human", "json"))  # one readable line, or one JSON object per line
+    file: str = ""  # log to this file, rotated by size; empty = standard error
+    max_bytes: int = _opt(64 * _MIB, lo=0)  # rotate the file when it would grow past this, 0 = never
+    backups: int = _opt(5, lo=1)  # rotated files kept: FILE.1 (newest) ... FILE.<backups>
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,10 +301,15 @@ def load_config(
     path: str | Path | None = None,
     overrides: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    *,
+    notes: list[Note] | None = None,
 ) -> Config:
     """Defaults <- YAML file ``path`` <- ``KAPOK_*`` variables of ``env`` (default
-    ``os.environ``) <- ``overrides`` (``"section.key=value"``); then validated."""
-    raw: dict[str, Any] = {} if path is None else _read_yaml_file(Path(path))
+    ``os.environ``) <- ``overrides`` (``"section.key=value"``); then validated.
+
+    A KapokMQ file is translated (``kapok.config_kapokmq``); what became of each of its
+    keys is appended to ``notes``, for the caller to log."""
+    raw: dict[str, Any] = {} if path is None else read_config_file(Path(path), notes)
     for name, value in _env_overrides(os.environ if env is None else env):
         _merge(raw, _nest(name, value))
     for item in overrides:
@@ -308,6 +320,27 @@ def load_config(
     config = _build(Config, raw, "")
     validate_config(config)
     return config
+
+
+def read_config_file(path: Path, notes: list[Note] | None = None) -> dict[str, Any]:
+    """The mapping of a Kapok file, or the translation of a KapokMQ file (its notes
+    appended to ``notes``); a value of the translation that Kapok refuses is reported
+    under the KapokMQ key it came from."""
+    raw = _read_yaml_file(path)
+    if not is_kapokmq(raw):
+        return raw
+    translation = translate(raw)
+    try:
+        _build(Config, translation.raw, "")
+    except ConfigError as exc:
+        raise annotate(exc, translation.origin) from None
+    if notes is not None:
+        notes.append(
+            Note("", logging.INFO, f"{path} is a KapokMQ configuration: its keys are translated "
+                 f"(`kapok config convert {path}` prints the Kapok file)")
+        )  # fmt: skip
+        notes.extend(translation.notes)
+    return translation.raw
 
 
 def env_var_name(path: str) -> str:

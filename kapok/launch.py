@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -103,20 +103,26 @@ def start_node(
     *sets: str,
     config_text: str | None = None,
     timeout_s: float = 20.0,
-    env: dict[str, str] | None = None,
+    env: Mapping[str, str | None] | None = None,
     launcher: Sequence[str] = ("-m", "kapok"),
+    python: str = sys.executable,
 ) -> NodeProcess:
     """Start ``python -m kapok serve`` in ``workdir`` on a free port and wait until it listens.
-    ``launcher`` replaces ``-m kapok`` (e.g. with ``kapok.faulty`` and its options)."""
+    ``launcher`` replaces ``-m kapok`` (e.g. with ``kapok.faulty`` and its options, or a
+    ``kapok.pyz``), ``python`` the interpreter."""
     workdir.mkdir(parents=True, exist_ok=True)
-    args = [sys.executable, *launcher, "serve", "--set", "server.port=0"]
+    args = [python, *launcher, "serve", "--set", "server.port=0"]
     if config_text is not None:
         (workdir / "application.yaml").write_text(config_text)
         args += ["-c", str(workdir / "application.yaml")]
     for item in sets:
         args += ["--set", item]
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("KAPOK_")}
-    child_env.update(env or {})
+    for name, value in (env or {}).items():  # None takes a variable away
+        if value is None:
+            child_env.pop(name, None)
+        else:
+            child_env[name] = value
     proc = subprocess.Popen(
         args,
         cwd=workdir,
@@ -151,11 +157,6 @@ def start_node(
             reader.join(10.0)
             raise RuntimeError(f"kapok serve did not start:\n{''.join(lines)[-2000:]}")
     return NodeProcess(proc, url[0], workdir, lines, reader)
-
-
-
-
-
 
 
 def cluster_sets(profile: str = "fast", seeds: Sequence[str] = ()) -> list[str]:

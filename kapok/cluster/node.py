@@ -138,9 +138,13 @@ class GossipNode:
         """Leave gracefully (spread the notice for a bounded time), then close the sockets."""
         swim, loop = self.swim, self._loop
         if swim is not None and loop is not None and self._udp is not None:
+            started, bound_s = loop.time(), 20 * self.swim_config.gossip_interval_s
             self._run(swim.leave(loop.time()))
-            with contextlib.suppress(TimeoutError):  # bounded: a leave is best effort
-                await asyncio.wait_for(self._left.wait(), 20 * self.swim_config.gossip_interval_s)
+            try:  # bounded: a leave is best effort
+                await asyncio.wait_for(self._left.wait(), bound_s)
+                log.info("left the cluster: leave notice spread in %.3f s", loop.time() - started)
+            except TimeoutError:
+                log.warning("left the cluster: leave notice not fully spread within %.1f s", bound_s)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -271,9 +272,29 @@ class ReplicationNode:
                 await self._watchdog
         async with self._lock:
             leader = self.leader
-            if self.role is Role.LEADER and self.cfg.give_back and leader is not None and leader.caught_up():
-                await self._hand_over(stopping=True)
+            session = leader.session if leader is not None else None
+            if self.role is Role.LEADER and self.cfg.give_back and leader is not None and session is not None:
+                # Clients go first, so the log stops growing and the slave can catch up.
+                await self._close_clients(f"handing over to {session.url}")
+                if await self._catch_up(leader, self.cfg.failover_timeout_s):
+                    await self._hand_over(stopping=True)
             await self._stop_drivers()
+
+    async def _catch_up(self, leader: Leader, timeout_s: float) -> bool:
+        """Whether the follower holds everything logged, after waiting up to ``timeout_s``
+        for its acks (its last ones are usually in flight: the closed clients' requeues),
+        but no longer than the failover timeout, which a hand-over is there to beat."""
+        deadline = time.monotonic() + timeout_s
+        await self.wal.flush()
+        if not leader.caught_up() and leader.session is not None:
+            name = leader.session.name
+            log.info("waiting up to %.1f s for %s to catch up before handing over", timeout_s, name)
+        while not leader.caught_up():
+            if leader.session is None or time.monotonic() >= deadline:
+                log.warning("%s did not catch up: stopping without a hand-over", self.state.partner)
+                return False
+            await asyncio.sleep(0.01)
+        return True
 
     async def _stop_drivers(self) -> None:
         if self.follower is not None:

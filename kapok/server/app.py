@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import AsyncIterator
 
 from aiohttp import WSCloseCode, web
@@ -22,7 +23,9 @@ from kapok.server.wsbase import frame_limit
 from kapok.storage import Store
 from kapok.storage.disk import DiskStore
 
-__all__ = ["make_app"]
+__all__ = ["make_app", "wind_down"]
+
+log = logging.getLogger("kapok.server")
 
 
 async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -36,8 +39,27 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def _close_connections(app: web.Application, reason: str = "node shutting down") -> None:
     sockets: OpenSockets = app[CONNECTIONS]
+    if not sockets:
+        return
+    # What the push consumers hold goes back to the front of its queues when their sockets
+    # close (the handlers unsubscribe them), journaled before the store closes.
+    held = sum(len(c.held) for c in app[SERVICE].broker.consumers.values() if not c.is_pull)
+    count = len(sockets)
     for ws in list(sockets):
         await ws.close(code=WSCloseCode.GOING_AWAY, message=reason.encode()[:120])
+    log.info(
+        "closed %d client connections (%s); %d unacked deliveries go back to their queues",
+        count, reason, held,
+    )  # fmt: skip
+
+
+async def wind_down(app: web.Application) -> None:
+    """The first steps of a graceful stop, to be taken while the node still reads its
+    connections (from the start of its runner's cleanup aiohttp drops whatever arrives):
+    a master hands its role over on its slave's live link (``ReplicationNode.aclose``, whose
+    call by the cleanup context is then a no-op), then clients are told why they go."""
+    await app[REPLICATION].aclose()
+    await _close_connections(app)
 
 
 def make_app(config: Config, *, store: Store | None = None, clock: Clock | None = None) -> web.Application:

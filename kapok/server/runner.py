@@ -7,15 +7,18 @@ import ctypes
 import dataclasses
 import gc
 import logging
+import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable
 
 from aiohttp import web
 
-from kapok.config import Config
-from kapok.server.app import make_app
+from kapok.config import Config, is_loopback
+from kapok.logs import set_node
+from kapok.server.app import make_app, wind_down
 from kapok.server.keys import SERVICE
 
 __all__ = ["serve"]
@@ -26,6 +29,7 @@ _M_MMAP_THRESHOLD = -3  # glibc mallopt(3)
 # Buffers at least this big get pages of their own, returned to the OS when freed.
 MMAP_THRESHOLD = 128 * 1024
 GC_THRESHOLD = 50_000  # the collector's generation-0 threshold (see _serve)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -86,6 +90,8 @@ async def _serve(config: Config) -> None:
         config = dataclasses.replace(
             config, server=dataclasses.replace(config.server, port=int(sock.getsockname()[1]))
         )
+    set_node(config.server.node_name)  # the real port is known: every later line names the node
+    _warn_plain_traffic(config)
     app = make_app(config)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
     try:
@@ -112,13 +118,56 @@ async def _serve(config: Config) -> None:
         log.info(
             "node %s listening on %s (push_type %d)", service.node_name, service.http_url, config.mq.push_type
         )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        log.info("shutting down")
+        signame = await _first_signal()
+        started = time.monotonic()
+        log.info("%s received: shutting down (a second signal exits at once)", signame)
+        await site.stop()
+        log.info("stopped accepting connections on %s", service.http_url)
+        await wind_down(app)  # a master hands over; clients are closed with a reason
     finally:
+        # Then the cleanup contexts, in reverse: gossip leaves, the store snapshots and
+        # closes its WAL, the archiver finishes.
         await runner.cleanup()
         sock.close()
         sys.stdout.flush()
+    log.info("stopped cleanly in %.3f s", time.monotonic() - started)
+
+
+async def _first_signal() -> str:
+    """Wait for SIGINT or SIGTERM; from then on, another one ends the process at once."""
+    loop = asyncio.get_running_loop()
+    received: asyncio.Future[str] = loop.create_future()
+
+    def first(sig: signal.Signals) -> None:
+        if not received.done():
+            received.set_result(sig.name)
+        for other in STOP_SIGNALS:
+            loop.add_signal_handler(other, _exit_now, other)
+
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, first, sig)
+    return await received
+
+
+def _exit_now(sig: signal.Signals) -> None:
+    """A second signal: the operator does not want to wait. Recovery copes with whatever
+    the shutdown had not finished (that is its job after a crash, too)."""
+    log.error("%s received during the shutdown: exiting at once, the shutdown is not finished", sig.name)
+    logging.shutdown()  # flush the log line above
+    sys.stdout.flush()
+    os._exit(128 + sig.value)  # the shell's convention for "ended by this signal"
+
+
+def _warn_plain_traffic(config: Config) -> None:
+    """Kapok speaks no TLS: off loopback, say once what travels in clear."""
+    if not is_loopback(config.server.host):
+        log.warning(
+            "serving plain HTTP/WebSocket on %s: the secret key and the messages travel unencrypted; "
+            "keep the node on a private network or behind a TLS proxy or VPN", config.server.host,
+        )  # fmt: skip
+    cluster = config.cluster
+    if cluster.enabled and not is_loopback(cluster.bind.rpartition(":")[0]):
+        log.warning(
+            "gossip on %s is signed (cluster.secret) but not encrypted: membership and addresses "
+            "are readable on the network", cluster.bind,
+        )  # fmt: skip

@@ -370,6 +370,8 @@ class Archive:
         # so it is logged instead of failing the write that triggered it.
         try:
             files = list_archive_files(self.directory)
+        except FileNotFoundError:  # made with the first file: nothing written yet
+            return
         except OSError as exc:
             log.warning("archive: cannot list %s: %s", self.directory, _why(exc))
             return

@@ -14,7 +14,9 @@ ones the WAL holds, in log order.
   the flusher calls it after the acks). If the child dies, the frames fed until
   it is restarted are lost to the archive (counted, one log line), never to the
   broker; it is restarted, at most once per ``RESTART_S``. ``aclose`` ends the
-  pipe and waits for the child to write everything out.
+  pipe and waits for the child to write everything out. The child's log records
+  come back as JSON lines on its standard error and are logged by the node
+  (``kapok.logs.relog``): one log, one format, one rotation for both processes.
 * ``main`` is the child (``python -m kapok.storage.archiver SETTINGS``). It reads
   until end of file, so it also finishes cleanly when the node is killed: the
   kernel closes the pipe. It ignores SIGINT and SIGTERM (a terminal's Ctrl-C
@@ -39,8 +41,8 @@ from pathlib import Path
 
 import orjson
 
-from kapok import LOG_FORMAT
 from kapok.errors import StorageError
+from kapok.logs import relog, setup_child
 from kapok.storage.archive import MIB, Archive
 from kapok.storage.records import HEADER, FrameReader
 
@@ -73,6 +75,7 @@ class ArchiveFeed:
         self._proc: asyncio.subprocess.Process | None = None
         self._pipe: asyncio.StreamWriter | None = None  # the child's stdin
         self._restarting: asyncio.Task[None] | None = None
+        self._log_reader: asyncio.Task[None] | None = None  # relays the child's log lines
         self._started_at = -RESTART_S
         self.bytes_fed = 0
         self.frames_lost = 0  # frames fed while no child was there to take them
@@ -82,11 +85,12 @@ class ArchiveFeed:
         self._started_at = time.monotonic()
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "kapok.storage.archiver", orjson.dumps(asdict(self.settings)).decode(),
-            stdin=asyncio.subprocess.PIPE,
+            stdin=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         self._pipe = self._proc.stdin
-        assert self._pipe is not None
+        assert self._pipe is not None and self._proc.stderr is not None
         self._pipe.transport.set_write_buffer_limits(high=HIGH_WATER)
+        self._log_reader = asyncio.get_running_loop().create_task(_relay_log(self._proc.stderr))
 
     @property
     def pid(self) -> int | None:
@@ -153,6 +157,23 @@ class ArchiveFeed:
             log.error("the archiver did not finish within %.0f s; killed", CLOSE_TIMEOUT_S)
             proc.kill()
             await proc.wait()
+        if self._log_reader is not None:  # it ends with the child's standard error
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._log_reader, CLOSE_TIMEOUT_S)
+            self._log_reader = None
+        log.info("archiver finished (exit code %s, %d bytes fed)", proc.returncode, self.bytes_fed)
+
+
+async def _relay_log(stream: asyncio.StreamReader) -> None:
+    """Log what the child writes to its standard error, line by line, until it closes."""
+    while True:
+        try:
+            line = await stream.readline()
+        except ValueError:  # a line past the reader's limit: not a record of ours
+            line = b"(an over-long line of the archiver's standard error was dropped)"
+        if not line:
+            return
+        relog(line.decode("utf-8", "replace"), log.name + ".archiver")
 
 
 # ---------------------------------------------------------------------------------------
@@ -220,7 +241,7 @@ def _guarded(step: Callable[[], None]) -> None:
 
 def main(argv: list[str]) -> int:
     settings = ArchiveSettings(**orjson.loads(argv[0]))
-    logging.basicConfig(level=settings.log_level, format=LOG_FORMAT)
+    setup_child(settings.log_level)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # Rows and events are freed by reference counting (they form no cycles); the cycle

@@ -271,6 +271,7 @@ class DiskStore:
             except Exception:
                 log.exception("the shutdown snapshot failed; the WAL still holds everything")
         await self.wal.aclose()
+        log.info("WAL closed at LSN %d: flushed and fsynced", self.wal.next_lsn)
         self._snapshot_thread.shutdown(wait=True)
         if self.archive is not None:
             await self.archive.aclose()

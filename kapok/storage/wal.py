@@ -418,7 +418,8 @@ class WriteAheadLog:
             fd, dirty = self._file, self._dirty
             self._file, self._dirty = None, False
         if fd is not None:
-            self._sync_and_close(fd, dirty and self.policy != "never")
+            # Whatever the policy: a clean stop leaves the log durable (one fsync).
+            self._sync_and_close(fd, dirty)
 
     # ------------------------------------------------------------ maintenance
 

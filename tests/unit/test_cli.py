@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
@@ -11,8 +12,10 @@ import types
 from pathlib import Path
 
 import pytest
+import yaml
 
 import kapok
+import kapok.logs
 from kapok.cli import main
 from kapok.cluster.show import nodes_table
 from kapok.config import Config
@@ -84,6 +87,11 @@ def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Config]:
     fake.serve = calls.append  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "kapok.server.runner", fake)
     monkeypatch.chdir(tmp_path)
+    # `serve` sets up logging for the process: give it back as it was after the test.
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
+    monkeypatch.setattr(kapok.logs, "_handler", None)
     for name in [k for k in os.environ if k.startswith("KAPOK_")]:
         monkeypatch.delenv(name)
     return calls
@@ -193,3 +201,41 @@ def test_cluster_nodes_table() -> None:
     assert lines[1].split() == ["b", "dead", "2", "master", "True", "-", "1", "http://b", "b:1", "1", "0.0"]
     second = ["a", "*", "alive", "0", "slave", "False", "b", "1", "http://a", "a:1", "1", "3.0"]
     assert lines[2].split() == second
+
+
+# --- kapok check --------------------------------------------------------------------------
+
+
+def test_check_prints_effective_values_with_secrets_hidden(tmp_path: Path) -> None:
+    (tmp_path / "application.yaml").write_text(
+        "mq: {secret_key: kq-check-secret}\ncluster: {secret: [gz-check-secret]}\n", encoding="utf-8"
+    )
+    result = run_kapok("check", "--set", "server.port=9011", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    effective = yaml.safe_load(result.stdout)
+    assert effective["server"]["port"] == 9011 and effective["log"]["format"] == "human"
+    assert effective["mq"]["secret_key"] == effective["cluster"]["secret"] == "(hidden)"
+    assert "kq-check-secret" not in result.stdout + result.stderr
+    assert "gz-check-secret" not in result.stdout + result.stderr
+    assert result.stderr == "kapok: configuration OK (node 127.0.0.1:9011)\n"
+
+
+@pytest.mark.parametrize(
+    ("sets", "fragment"),
+    [
+        (("cluster.tuning.probe_timeout_s=5",), "cluster.tuning: probe_timeout_s must not exceed"),
+        (("log.format=xml",), "log.format: expected one of 'human', 'json', got 'xml'"),
+        (("log.backups=0",), "log.backups: expected an integer >= 1, got 0"),
+    ],
+)
+def test_check_of_a_bad_config_is_one_line_exit_2(
+    tmp_path: Path, sets: tuple[str, ...], fragment: str
+) -> None:
+    args = [item for s in sets for item in ("--set", s)]
+    assert_one_line_error(run_kapok("check", *args, cwd=tmp_path), 2, fragment)
+
+
+def test_a_log_file_that_cannot_be_written_is_one_line_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "taken").write_text("a file, not a folder")
+    result = run_kapok("serve", "--set", "log.file=taken/kapok.log", "--set", "server.port=0", cwd=tmp_path)
+    assert_one_line_error(result, 2, "log.file: cannot write 'taken/kapok.log'")

@@ -114,6 +114,10 @@ EXPECTED_DEFAULTS = {
     "console.refresh_s": 5.0,
     "console.analytics_dir": "",
     "log.level": "info",
+    "log.format": "human",
+    "log.file": "",
+    "log.max_bytes": 67108864,
+    "log.backups": 5,
 }
 
 
@@ -322,8 +326,8 @@ def test_non_config_kapok_variables_are_ignored() -> None:
 
 
 def test_unknown_config_variable_is_an_error() -> None:
-    message = error_of(env={"KAPOK_SERVER_PROT": "1", "KAPOK_LOG_FILE": "x"})
-    assert "KAPOK_SERVER_PROT" in message and "KAPOK_LOG_FILE" in message
+    message = error_of(env={"KAPOK_SERVER_PROT": "1", "KAPOK_LOG_PATH": "x"})
+    assert "KAPOK_SERVER_PROT" in message and "KAPOK_LOG_PATH" in message
     assert "did you mean KAPOK_SERVER_PORT" in message
 
 

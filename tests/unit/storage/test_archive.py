@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -188,6 +189,16 @@ def test_records_without_events_create_no_file(tmp_path: Path) -> None:
     arch.write(rows_of([ch.Checkpoint(1, T0)]))
     arch.close()
     assert not (tmp_path / "a").exists()
+
+
+def test_an_idle_archive_keeps_quiet_before_its_first_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    arch = Archive(tmp_path / "a")
+    arch.maintain()  # the archiver does this every 10 s, events or not
+    arch.close()
+    assert not (tmp_path / "a").exists()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 # ---------------------------------------------------------------- rotation
