@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
+
+from kapok.server.keys import GOSSIP
 
 
 @pytest.fixture
@@ -120,12 +121,13 @@ async def test_ops_routes_do_not_leak_data_bearing_routes(node: Any, session: ai
 async def test_cluster_nodes_reports_the_gossip_address(
     make_node: Any, session: aiohttp.ClientSession
 ) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    node = await make_node("cluster.enabled=true", f"cluster.bind=127.0.0.1:{port}")
+    # Port 0: the node picks a free one for UDP and TCP together (a port probed free for UDP
+    # alone may be taken for TCP).
+    node = await make_node("cluster.enabled=true", "cluster.bind=127.0.0.1:0")
+    bound = node.app[GOSSIP].addr
+    assert bound.startswith("127.0.0.1:") and not bound.endswith(":0")
     async with session.get(node.url + "/cluster/nodes") as resp:
         members = await resp.json()
     me = next(m for m in members if m["self"])
-    assert me["name"] == node.service.node_name and me["gossip_addr"] == f"127.0.0.1:{port}"
+    assert me["name"] == node.service.node_name and me["gossip_addr"] == bound
     assert me["state"] == "alive"
