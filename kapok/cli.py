@@ -282,7 +282,7 @@ def _bench_options(command: argparse.ArgumentParser) -> None:
         "Kapok's, and print the ratios",
     )
     add("--peer-pid", type=int, help="with --peer: the peer's local PID, to read its CPU and RSS")
-    add("--rounds", type=int, default=1, help="run every case this many times, interleaved; medians (default 1)")
+    add("--rounds", type=int, default=1, help="run every case this many times, interleaved (default 1)")
     add("--node-pid", type=int, help="with --url: the node's local PID, to read its CPU and RSS")
     add("--key", default="test", help="the node's mq.secret_key (default test)")
     add("--messages", type=int, default=100_000, help="messages per run (default 100000)")
