@@ -11,6 +11,7 @@ from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 from kapok.errors import TooManyConnectionsError
 from kapok.server.keys import CONNECTIONS, SERVICE
 from kapok.server.outbox import Outbox
+from kapok.server.wsfast import FastResponse
 
 __all__ = ["frame_limit", "messages", "open_ws"]
 
@@ -22,8 +23,11 @@ def frame_limit(max_message_bytes: int, max_batch: int) -> int:
 
 
 @contextlib.asynccontextmanager
-async def open_ws(request: web.Request, *, text: bool) -> AsyncIterator[tuple[web.WebSocketResponse, Outbox]]:
-    """Upgrade, register the socket and its outbox, and always tear both down."""
+async def open_ws(
+    request: web.Request, *, text: bool, fast: bool = False
+) -> AsyncIterator[tuple[web.WebSocketResponse, Outbox]]:
+    """Upgrade, register the socket and its outbox, and always tear both down. With
+    ``fast`` the response is a ``FastResponse`` (text frames straight to the route)."""
     app = request.app
     service = app[SERVICE]
     cfg = service.config
@@ -31,7 +35,7 @@ async def open_ws(request: web.Request, *, text: bool) -> AsyncIterator[tuple[we
     connections = app[CONNECTIONS]
     if len(connections) >= cfg.server.max_connections:
         raise TooManyConnectionsError(f"the node already has {len(connections)} connections")
-    ws = web.WebSocketResponse(
+    ws = (FastResponse if fast else web.WebSocketResponse)(
         heartbeat=cfg.server.heartbeat_s,
         max_msg_size=frame_limit(cfg.mq.max_message_bytes, cfg.server.max_batch),
         compress=False,  # the outbox writes plain text frames itself, never compressed ones
