@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-import psutil
 import yaml
 
 from kapok.config_kapokmq import Note, annotate, is_kapokmq, translate
@@ -215,7 +214,12 @@ class MqConfig:
 
 def usable_memory_bytes() -> int:
     """The machine's memory, or the cgroup's limit when a container sets a lower one."""
-    total = int(psutil.virtual_memory().total)
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not a POSIX system
+        import psutil  # here, not at the top: this module stays free of I/O imports
+
+        total = int(psutil.virtual_memory().total)
     try:
         text = Path("/sys/fs/cgroup/memory.max").read_text().strip()  # cgroup v2
     except OSError:

@@ -14,7 +14,7 @@ from kapok.cluster.node import GossipNode
 from kapok.config import Config
 from kapok.console import setup_console
 from kapok.replication.node import ReplicationNode
-from kapok.server import cluster_view, compat, compat_console, ops, sync, v1_http, v1_ws
+from kapok.server import cluster_view, compat, compat_console, openapi, ops, sync, v1_http, v1_ws
 from kapok.server.guard import GUARD, ConnectionGuard, expect_handler, guard_ctx, guard_middleware
 from kapok.server.keys import CONFIG, CONNECTIONS, GOSSIP, REGISTRY, REPLICATION, SERVICE, OpenSockets
 from kapok.server.metrics import make_registry
@@ -105,7 +105,7 @@ def make_app(config: Config, *, store: Store | None = None, clock: Clock | None 
     app.cleanup_ctx.append(sync.replication_ctx)  # after gossip: the first role may depend on it
     app.on_shutdown.append(_close_connections)
     for table in (compat.routes, compat_console.routes, v1_ws.routes, v1_http.routes, ops.routes,
-                  cluster_view.routes, sync.routes):
+                  cluster_view.routes, sync.routes, openapi.routes):
         _add_routes(app, table)
     setup_console(app)  # GET / and /console/...
     return app

@@ -173,12 +173,15 @@ async def consumer_ws(request: web.Request) -> web.StreamResponse:
         if not await compat_handshake(ws, request):
             return ws
         try:
-            consumer = service.subscribe(_CompatConsumer(outbox), topic, name=consumer_id)
+            sink = _CompatConsumer(outbox)
+            consumer = service.subscribe(sink, topic, name=consumer_id, room=outbox.free_bytes)
         except KapokError as exc:
             # Written directly: the outbox is torn down with the socket below.
             await ws.send_str(compat_error(exc.message).decode())
             await ws.close()
             return ws
+        cid = consumer.id
+        outbox.on_room = lambda room: service.set_room(cid, room) if consumer.room <= 0 else None
         ip = _client_ip(request)
         info = ClientInfo(consumer_id, ip, service.now(), "kapokmq", subscriptions={consumer.id})
         client = service.add_client(info)

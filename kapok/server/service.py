@@ -208,8 +208,15 @@ class BrokerService:
         self._settle()
         return unknown
 
-    def set_prefetch(self, consumer_id: int, prefetch: int) -> None:
-        self.broker.set_prefetch(consumer_id, prefetch, self.now())
+    def set_prefetch(self, consumer_id: int, prefetch: int) -> int:
+        """Returns the prefetch the consumer got (``mq.max_prefetch`` at most)."""
+        got = self.broker.set_prefetch(consumer_id, prefetch, self.now())
+        self._settle()
+        return got
+
+    def set_room(self, consumer_id: int, room: int) -> None:
+        """What the consumer's connection can queue now, in bytes (its outbox drained)."""
+        self.broker.set_room(consumer_id, room, self.now())
         self._settle()
 
     def settle_in_group(self, topic: str, group: str | None, codes: Iterable[str], how: Settle) -> list[str]:
