@@ -128,6 +128,7 @@ class ServerConfig:
     max_batch: int = _opt(1000, lo=1)  # messages per pub frame / HTTP batch
     header_timeout_s: float = _opt(10.0, gt=0)  # seconds from accept or the last answer to the headers
     body_timeout_s: float = _opt(30.0, gt=0)  # seconds to receive a request's whole body
+    idle_timeout_s: float = _opt(75.0, gt=0)  # a kept-alive connection that showed the key waits this long
     auth_backoff_after: int = _opt(10, lo=1)  # wrong keys from one address before it must wait
     auth_backoff_s: float = _opt(1.0, gt=0)  # first wait of such an address; doubles per wrong key
     auth_backoff_max_s: float = _opt(300.0, gt=0)  # longest wait of such an address

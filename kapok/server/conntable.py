@@ -6,6 +6,7 @@ costs something without having shown the key:
 
     state      what it waits for                       deadline
     IDLE       a request's headers (new, or kept alive) header_timeout_s after accept / answer
+                                                       (idle_timeout_s once it is trusted)
     BODY       the rest of a request's body            body_timeout_s after the headers
     BUSY       its handler (long-polls bound themselves) none
     HANDSHAKE  a KapokMQ WebSocket's secret key        auth_timeout_s + grace (the handshake
@@ -39,7 +40,7 @@ class ConnState(enum.Enum):
 
 # What closing a connection for its deadline is called (metrics label, log line).
 TIMEOUT_REASON = {
-    ConnState.IDLE: "header_timeout",
+    ConnState.IDLE: "header_timeout",  # "idle_timeout" for a trusted connection (see reason())
     ConnState.BODY: "body_timeout",
     ConnState.HANDSHAKE: "handshake_timeout",
 }
@@ -51,6 +52,7 @@ class Limits:
     max_connections: int
     header_timeout_s: float
     body_timeout_s: float
+    idle_timeout_s: float
     handshake_timeout_s: float
 
 
@@ -104,7 +106,7 @@ class ConnectionTable:
         conn.state = state
         limits = self.limits
         if state is ConnState.IDLE:
-            conn.deadline = now + limits.header_timeout_s
+            conn.deadline = now + (limits.idle_timeout_s if conn.trusted else limits.header_timeout_s)
         elif state is ConnState.BODY:
             conn.deadline = now + limits.body_timeout_s
         elif state is ConnState.HANDSHAKE:
@@ -116,6 +118,13 @@ class ConnectionTable:
         conn = self._conns.get(key)
         if conn is not None:
             conn.trusted = True
+
+    def reason(self, key: Hashable, state: ConnState) -> str:
+        """What closing ``key`` for its deadline in ``state`` is called."""
+        conn = self._conns.get(key)
+        if state is ConnState.IDLE and conn is not None and conn.trusted:
+            return "idle_timeout"
+        return TIMEOUT_REASON.get(state, "timeout")
 
     def state(self, key: Hashable) -> ConnState | None:
         conn = self._conns.get(key)

@@ -43,7 +43,7 @@ from prometheus_client.registry import Collector
 
 from kapok.config import Config
 from kapok.errors import ConfigError, MessageTooLargeError
-from kapok.server.conntable import TIMEOUT_REASON, Admit, ConnectionTable, ConnState, Limits
+from kapok.server.conntable import Admit, ConnectionTable, ConnState, Limits
 
 __all__ = ["GUARD", "ConnectionGuard", "GuardedSite", "guard_middleware", "tls_context", "trust"]
 
@@ -57,6 +57,7 @@ FD_RESERVE = 64
 _REASON_TEXT = {
     "header_timeout": "sent no complete request headers in time",
     "body_timeout": "sent no complete request body in time",
+    "idle_timeout": "were idle too long after their last answer",
     "handshake_timeout": "did not finish the WebSocket handshake in time",
     "evicted": "were closed, unauthenticated, to make room for a new connection",
     "refused": "were refused: every connection slot is held by an authenticated client",
@@ -100,6 +101,7 @@ class ConnectionGuard(Collector):
             max_connections=server.max_connections,
             header_timeout_s=server.header_timeout_s,
             body_timeout_s=server.body_timeout_s,
+            idle_timeout_s=server.idle_timeout_s,
             handshake_timeout_s=server.auth_timeout_s,
         )
         self.table = ConnectionTable(self.limits)
@@ -190,7 +192,7 @@ class ConnectionGuard(Collector):
             if state is ConnState.BODY and (request is None or request.content.is_eof()):
                 self.table.set_state(handler, ConnState.BUSY, now)  # the handler has it all
                 continue
-            self._note(TIMEOUT_REASON.get(state, "timeout"))
+            self._note(self.table.reason(handler, state))
             self.table.closed(handler)
             transport = self._transports.pop(handler, None)
             if transport is not None:

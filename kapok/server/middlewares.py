@@ -38,6 +38,11 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if "Allow" in exc.headers:
             response.headers["Allow"] = exc.headers["Allow"]
         return response
+    except ConnectionError as exc:
+        # The client left mid-request, or the node closed it (a body time-out, counted and
+        # logged by the guard): nobody is there to read an answer, and it is no bug.
+        log.debug("%s %s: connection lost: %s", request.method, request.path, exc)
+        return error_json("connection_lost", "the connection was lost", 400)
     except Exception:
         log.exception("unexpected error handling %s %s", request.method, request.path)
         return error_json("internal", "internal error; see the node's log", 500)

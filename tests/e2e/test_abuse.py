@@ -156,17 +156,22 @@ async def test_1_silent_and_slow_connections_are_timed_out_and_counted_from_acce
     nodes: list[NodeProcess], tmp_path: Path, session: aiohttp.ClientSession
 ) -> None:
     # ulimit -n 400, as in the issue: the node lowers max_connections to what it can open.
-    node = launch(nodes, tmp_path, "server.header_timeout_s=1.5", nofile=400)
+    node = launch(nodes, tmp_path, "server.header_timeout_s=1.5", "server.body_timeout_s=1.5", nofile=400)
     kept = await publish(session, node, "kept", KEPT)
     before = rss_mb(node)
     host, port = node.url.removeprefix("http://").split(":")
     silent = [await asyncio.open_connection(host, int(port)) for _ in range(500)]
     slow = [await asyncio.open_connection(host, int(port)) for _ in range(50)]
-    for _, writer in slow:
+    for _, writer in slow[:40]:  # slow headers
         writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+    for _, writer in slow[40:]:  # a slow body: the headers promise 100 bytes, 10 come
+        writer.write(
+            b"POST /v1/topics/t/messages HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer test\r\n"
+            b'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"data": '
+        )
     for _ in range(3):  # slow-loris: a header byte now and then, never the end of the headers
         await asyncio.sleep(0.3)
-        for _, writer in slow:
+        for _, writer in slow[:40]:
             writer.write(b"X")
     # While 550 sockets sit on a node that may hold 336, normal clients are served.
     await pair_works(session, node)
@@ -193,7 +198,8 @@ async def test_1_silent_and_slow_connections_are_timed_out_and_counted_from_acce
         writer.close()
     timed_out = await metric(session, node, 'kapok_connections_closed_total{reason="header_timeout"}')
     evicted = await metric(session, node, 'kapok_connections_closed_total{reason="evicted"}')
-    assert timed_out + evicted >= 550 and timed_out > 0 and evicted > 0
+    slow_bodies = await metric(session, node, 'kapok_connections_closed_total{reason="body_timeout"}')
+    assert timed_out + evicted + slow_bodies >= 550 and timed_out > 0 and evicted > 0 and slow_bodies == 10
     lines = [line for line in node.output.splitlines() if "connection(s)" in line]
     assert 0 < len(lines) < 40, lines  # a line per sweep and reason, not one per connection
     await after_attack(session, node, kept, before + 60, before, "silent and slow connections")

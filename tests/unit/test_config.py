@@ -70,6 +70,7 @@ EXPECTED_DEFAULTS = {
     "server.max_batch": 1000,
     "server.header_timeout_s": 10.0,
     "server.body_timeout_s": 30.0,
+    "server.idle_timeout_s": 75.0,
     "server.auth_backoff_after": 10,
     "server.auth_backoff_s": 1.0,
     "server.auth_backoff_max_s": 300.0,

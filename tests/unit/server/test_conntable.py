@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from kapok.server.conntable import HANDSHAKE_GRACE_S, Admit, ConnectionTable, ConnState, Limits
 
-LIMITS = Limits(max_connections=3, header_timeout_s=10.0, body_timeout_s=30.0, handshake_timeout_s=5.0)
+LIMITS = Limits(max_connections=3, header_timeout_s=10.0, body_timeout_s=30.0, idle_timeout_s=75.0,
+                handshake_timeout_s=5.0)  # fmt: skip
 
 
 def test_at_the_limit_the_oldest_untrusted_connection_makes_room() -> None:
@@ -22,7 +23,7 @@ def test_at_the_limit_the_oldest_untrusted_connection_makes_room() -> None:
 
 
 def test_deadlines_follow_the_state() -> None:
-    table = ConnectionTable(Limits(100, header_timeout_s=10.0, body_timeout_s=30.0, handshake_timeout_s=5.0))
+    table = ConnectionTable(Limits(100, 10.0, 30.0, 75.0, 5.0))
     table.admit("idle", 0.0)
     table.admit("body", 0.0)
     table.admit("busy", 0.0)
@@ -43,3 +44,18 @@ def test_deadlines_follow_the_state() -> None:
     table.set_state("gone", ConnState.BUSY, 0.0)  # unknown keys are ignored
     assert "idle" not in table and "gone" not in table
     assert table.count(ConnState.OPEN) == 1
+
+
+def test_a_trusted_connection_may_idle_longer_between_requests() -> None:
+    table = ConnectionTable(LIMITS)
+    table.admit("key", 0.0)
+    table.admit("anon", 0.0)
+    table.trust("key")
+    for conn in ("key", "anon"):
+        table.set_state(conn, ConnState.BUSY, 1.0)
+        table.set_state(conn, ConnState.IDLE, 2.0)  # answered; kept alive
+    assert table.expired(12.0) == [("anon", ConnState.IDLE)]
+    assert table.reason("anon", ConnState.IDLE) == "header_timeout"
+    assert table.expired(77.0) == [("key", ConnState.IDLE), ("anon", ConnState.IDLE)]
+    assert table.reason("key", ConnState.IDLE) == "idle_timeout"
+    assert table.reason("key", ConnState.BODY) == "body_timeout"
