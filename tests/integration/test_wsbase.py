@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -81,6 +82,8 @@ async def test_closed_websockets_are_freed_at_once(make_node: Any) -> None:
     heartbeat_s, held by a heartbeat timer aiohttp re-armed while the socket closed.
     After the handshakes end, no WebSocketResponse may remain once the collector ran."""
     node = await make_node("server.auth_timeout_s=0.2")
+    # Other tests' sockets may linger in this process; only the ones made here count.
+    earlier = weakref.WeakSet(o for o in gc.get_objects() if isinstance(o, web.WebSocketResponse))
     async with aiohttp.ClientSession() as session:
         for i in range(20):
             async with session.ws_connect(f"{node.ws_url}/Producers/Conn/t/p{i}") as ws:
@@ -92,6 +95,6 @@ async def test_closed_websockets_are_freed_at_once(make_node: Any) -> None:
 
     def none_left() -> bool:
         gc.collect()
-        return not any(isinstance(o, web.WebSocketResponse) for o in gc.get_objects())
+        return not any(isinstance(o, web.WebSocketResponse) and o not in earlier for o in gc.get_objects())
 
     await eventually(none_left, what="every closed WebSocketResponse freed", timeout_s=10)
