@@ -58,7 +58,7 @@ class Tally:
     deliveries: int = 0
     refused: int = 0  # error replies (none expected; counted, not confirmed)
     nacks: int = 0
-    reconnects: int = 0
+    reconnects: int = 0  # connections after each client's first (its lives, and the kill)
     rss_mb: list[tuple[float, float]] = field(default_factory=list)  # (seconds since start, MB)
 
 
@@ -150,15 +150,20 @@ class Soak:
         index: int,
         rate: float,
     ) -> None:
-        """Run a client for a random life, hang up, reconnect; through the node's restart too."""
-        while self.running:
+        """Run a client for a random life, hang up, reconnect; through the node's restart too.
+        Producers end when producing does; consumers go on draining."""
+        producer = rate > 0
+        connected = False
+        while self.running and (self.producing or not producer):
             await self.up.wait()
             life_end = time.monotonic() + self.rng.uniform(*LIFE_S)
             try:
-                await client(await self._connect(session, client, index), index, rate, life_end)
+                ws = await self._connect(session, client, index)
+                self.tally.reconnects += connected  # the first connection is no reconnect
+                connected = True
+                await client(ws, index, rate, life_end)
             except (aiohttp.ClientError, ConnectionError, TimeoutError, RuntimeError):
                 await asyncio.sleep(0.2)  # the node is away (killed) or hung up: try again
-            self.tally.reconnects += 1
 
     async def _connect(
         self, session: aiohttp.ClientSession, client: Any, index: int
