@@ -166,7 +166,8 @@ def _warn_plain_traffic(config: Config) -> None:
     if not is_loopback(config.server.host) and not config.server.tls_cert:
         log.warning(
             "serving plain HTTP/WebSocket on %s: the secret key and the messages travel unencrypted; "
-            "set server.tls_cert / server.tls_key, or keep the node on a private network or behind a TLS proxy or VPN", config.server.host,
+            "set server.tls_cert / server.tls_key, or keep the node on a private network or behind "
+            "a TLS proxy or VPN", config.server.host,
         )  # fmt: skip
     cluster = config.cluster
     if cluster.enabled and not is_loopback(cluster.bind.rpartition(":")[0]):
