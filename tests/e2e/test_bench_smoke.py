@@ -12,10 +12,8 @@ import pytest
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def test_bench_publish_and_e2e_both_protocols(tmp_path: Path) -> None:
-    args = ["--workload", "publish", "--workload", "e2e", "--messages", "2000"]
-    args += ["--protocol", "both", "--fsync", "never", "--json", "--timeout", "90"]
-    proc = subprocess.run(
+def bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-m", "kapok", "bench", *args],
         cwd=tmp_path,
         capture_output=True,
@@ -23,6 +21,12 @@ def test_bench_publish_and_e2e_both_protocols(tmp_path: Path) -> None:
         timeout=300,
         check=False,
     )
+
+
+def test_bench_publish_and_e2e_both_protocols(tmp_path: Path) -> None:
+    args = ["--workload", "publish", "--workload", "e2e", "--messages", "2000"]
+    args += ["--protocol", "both", "--fsync", "never", "--json", "--timeout", "90"]
+    proc = bench(tmp_path, *args)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     rows = {(r["workload"], r["protocol"]): r for r in doc["rows"]}
@@ -47,3 +51,20 @@ def test_bench_rejects_an_unknown_workload(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("kapok: error: unknown workload 'nope'")
+
+
+def test_soak_smoke_loses_nothing_through_a_kill(tmp_path: Path) -> None:
+    """A few seconds of the soak workload: both protocols, reconnects, nacks, kill -9 and
+    restart at half time; every confirmed message is delivered (the full run is 10 minutes)."""
+    proc = bench(tmp_path, "--workload", "soak", "--minutes", "0.2", "--rate", "500", "--fsync", "never",
+                 "--json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = json.loads(proc.stdout)["rows"]
+    assert row["workload"] == "soak" and row["ok"] is True, row
+    extra = row["extra"]
+    assert extra["lost"] == 0 and extra["confirmed"] > 1000
+    assert extra["delivered"] >= extra["confirmed"] - extra["lost"]
+    assert extra["published"] >= extra["confirmed"]
+    assert extra["reconnects"] >= 8  # every client reconnected at least once: the kill
+    assert len(extra["rss_mb"]) >= 2 and all(mb > 0 for _, mb in extra["rss_mb"])
+    assert "kill -9 of the node" in proc.stderr
