@@ -364,9 +364,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_config_convert(args: argparse.Namespace) -> int:
-    from kapok.config_kapokmq import convert_file
+    from kapok.config import convert_kapokmq_file
 
-    print(convert_file(Path(args.source)), end="")
+    print(convert_kapokmq_file(Path(args.source)), end="")
     return 0
 
 
@@ -421,7 +421,7 @@ def _cmd_version(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from kapok.server.runner import serve
+    from kapok.node.runner import serve
 
     serve(_load(args))  # blocks until SIGINT or SIGTERM
     return 0

@@ -376,6 +376,24 @@ def read_config_file(path: Path, notes: list[Note] | None = None) -> dict[str, A
     return translation.raw
 
 
+def convert_kapokmq_file(path: Path) -> str:
+    """``kapok config convert``: the Kapok file equivalent to KapokMQ file ``path``, each
+    key's fate as a comment on top. A file that is not KapokMQ's, or whose translation
+    Kapok would refuse, is a ``ConfigError``."""
+    notes: list[Note] = []
+    raw = read_config_file(path, notes)
+    if not notes:
+        raise ConfigError(f"{path}: not a KapokMQ configuration (no KapokMQ key); see `kapok check`")
+    load_config(path, env={})  # the rules across keys, as `kapok serve` would apply them
+    header = [
+        f"# Kapok configuration converted from KapokMQ's {path.name} by `kapok config convert`.",
+        "# What became of each KapokMQ key:",
+        *(f"#   {note.text}" for note in notes if note.key),
+    ]
+    body = yaml.safe_dump(raw, sort_keys=False, allow_unicode=True, default_flow_style=False)
+    return "\n".join(header) + "\n\n" + body
+
+
 def env_var_name(path: str) -> str:
     """``mq.secret_key`` -> ``KAPOK_MQ_SECRET_KEY``."""
     return ENV_PREFIX + path.upper().replace(".", "_")

@@ -86,7 +86,7 @@ def make_app(config: Config, *, store: Store | None = None, clock: Clock | None 
     app[SERVICE] = service
     app[CONNECTIONS] = OpenSockets()
     app[REGISTRY] = make_registry(service)
-    # Connection limits and time-outs; a site that accepts through it (kapok.server.runner)
+    # Connection limits and time-outs; a site that accepts through it (kapok.node.runner)
     # makes them real, the in-process test server goes without.
     guard = app[GUARD] = ConnectionGuard(config)
     app[REGISTRY].register(guard)

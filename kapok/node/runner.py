@@ -18,7 +18,7 @@ from aiohttp import web
 
 from kapok.config import Config, is_loopback
 from kapok.logs import set_node
-from kapok.server.app import make_app, wind_down
+from kapok.node.app import make_app, wind_down
 from kapok.server.guard import GUARD, GuardedSite, tls_context
 from kapok.server.keys import SERVICE
 
