@@ -262,7 +262,7 @@ def _bench_options(command: argparse.ArgumentParser) -> None:
         action="append",
         metavar="NAME",
         help="publish, e2e, latency, roundtrip, fanout, clients, backlog, recovery, client or all "
-        "(repeatable; default all)",
+        "(repeatable; default all); soak (not in all): --minutes of mixed load with a kill -9",
     )
     add("--protocol", default="native", help="native, kapokmq or both (default native)")
     add("--fsync", default="always", help="storage.fsync of the started nodes: always, interval, never, all")
@@ -300,6 +300,7 @@ def _bench_options(command: argparse.ArgumentParser) -> None:
     add("--fanout", type=int, default=4, help="fanout: subscribers, each in its own group (default 4)")
     add("--clients", type=int, default=100, help="clients: producers and as many consumers (default 100)")
     add("--backlog", type=int, default=100_000, help="backlog / recovery: messages queued (default 100000)")
+    add("--minutes", type=float, default=10.0, help="soak: minutes of load (default 10; --rate msg/s)")
     add(
         "--timeout",
         type=float,
@@ -372,9 +373,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_config_convert(args: argparse.Namespace) -> int:
-    from kapok.config_kapokmq import convert_file
+    from kapok.config import convert_kapokmq_file
 
-    print(convert_file(Path(args.source)), end="")
+    print(convert_kapokmq_file(Path(args.source)), end="")
     return 0
 
 
@@ -429,7 +430,7 @@ def _cmd_version(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from kapok.server.runner import serve
+    from kapok.node.runner import serve
 
     serve(_load(args))  # blocks until SIGINT or SIGTERM
     return 0

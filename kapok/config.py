@@ -51,6 +51,7 @@ __all__ = [
     "load_config",
     "public_dict",
     "read_config_file",
+    "usable_memory_bytes",
     "validate_config",
 ]
 
@@ -125,6 +126,14 @@ class ServerConfig:
     send_queue_max_bytes: int = _opt(16 * _MIB, lo=1)  # bytes queued to a connection before its reads pause
     long_poll_max_s: float = _opt(60.0, gt=0)  # longest `wait` of an HTTP pull, seconds
     max_batch: int = _opt(1000, lo=1)  # messages per pub frame / HTTP batch
+    header_timeout_s: float = _opt(10.0, gt=0)  # seconds from accept or the last answer to the headers
+    body_timeout_s: float = _opt(30.0, gt=0)  # seconds to receive a request's whole body
+    idle_timeout_s: float = _opt(75.0, gt=0)  # a kept-alive connection that showed the key waits this long
+    auth_backoff_after: int = _opt(10, lo=1)  # wrong keys from one address before it must wait
+    auth_backoff_s: float = _opt(1.0, gt=0)  # first wait of such an address; doubles per wrong key
+    auth_backoff_max_s: float = _opt(300.0, gt=0)  # longest wait of such an address
+    tls_cert: str = ""  # PEM certificate chain: serve HTTPS and WSS (with tls_key)
+    tls_key: str = ""  # PEM private key of tls_cert
 
     @property
     def node_name(self) -> str:
@@ -156,6 +165,8 @@ class MqConfig:
     ack_timeout_s: float = _opt(60.0, gt=0)  # seconds before an unacked delivery is retried
     max_deliveries: int = _opt(5, lo=0)  # attempts before dead-lettering to <topic>.dlq, 0 = unlimited
     prefetch: int = _opt(100, lo=1)  # default unacked messages out to one consumer
+    max_prefetch: int = _opt(10_000, lo=1, hi=1_000_000)  # a consumer asking for more gets this many
+    max_backlog_bytes: int = _opt(0, lo=0)  # node-wide live payload + 512 B/message; 0 = RAM / 4
     max_message_bytes: int = _opt(1048576, lo=1, hi=64 * _MIB)  # largest payload accepted, bytes
     dedup_window_s: float = _opt(86400.0, gt=0)  # seconds a dedup_id is remembered
     dedup_max_entries: int = _opt(1_000_000, lo=1)  # dedup ids remembered at most (oldest evicted)
@@ -184,6 +195,8 @@ class MqConfig:
         return BrokerSettings(
             topic_defaults=self.topic(""),
             prefetch=self.prefetch,
+            max_prefetch=self.max_prefetch,
+            max_backlog_bytes=self.backlog_limit(),
             max_message_bytes=self.max_message_bytes,
             dedup_window_s=self.dedup_window_s,
             dedup_max_entries=self.dedup_max_entries,
@@ -193,6 +206,26 @@ class MqConfig:
             producer_burst=self.producer_burst,
             topic_overrides={name: self.topic(name) for name in self.topics},
         )
+
+
+    def backlog_limit(self) -> int:
+        """``max_backlog_bytes``, or when 0 a quarter of the memory this process may use."""
+        return self.max_backlog_bytes or usable_memory_bytes() // 4
+
+
+def usable_memory_bytes() -> int:
+    """The machine's memory, or the cgroup's limit when a container sets a lower one."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not a POSIX system
+        import psutil  # here, not at the top: this module stays free of I/O imports
+
+        total = int(psutil.virtual_memory().total)
+    try:
+        text = Path("/sys/fs/cgroup/memory.max").read_text().strip()  # cgroup v2
+    except OSError:
+        return total
+    return min(total, int(text)) if text.isdigit() else total
 
 
 _NO_OVERRIDE = TopicOverride()
@@ -341,6 +374,24 @@ def read_config_file(path: Path, notes: list[Note] | None = None) -> dict[str, A
         )  # fmt: skip
         notes.extend(translation.notes)
     return translation.raw
+
+
+def convert_kapokmq_file(path: Path) -> str:
+    """``kapok config convert``: the Kapok file equivalent to KapokMQ file ``path``, each
+    key's fate as a comment on top. A file that is not KapokMQ's, or whose translation
+    Kapok would refuse, is a ``ConfigError``."""
+    notes: list[Note] = []
+    raw = read_config_file(path, notes)
+    if not notes:
+        raise ConfigError(f"{path}: not a KapokMQ configuration (no KapokMQ key); see `kapok check`")
+    load_config(path, env={})  # the rules across keys, as `kapok serve` would apply them
+    header = [
+        f"# Kapok configuration converted from KapokMQ's {path.name} by `kapok config convert`.",
+        "# What became of each KapokMQ key:",
+        *(f"#   {note.text}" for note in notes if note.key),
+    ]
+    body = yaml.safe_dump(raw, sort_keys=False, allow_unicode=True, default_flow_style=False)
+    return "\n".join(header) + "\n\n" + body
 
 
 def env_var_name(path: str) -> str:
@@ -599,6 +650,10 @@ def validate_config(config: Config) -> None:
     server, mq, cluster, repl = config.server, config.mq, config.cluster, config.replication
     if not server.host:
         raise ConfigError("server.host: must not be empty")
+    if bool(server.tls_cert) != bool(server.tls_key):
+        raise ConfigError("server.tls_cert: set both server.tls_cert and server.tls_key, or neither")
+    if mq.prefetch > mq.max_prefetch:
+        raise ConfigError(f"mq.prefetch: must not be above mq.max_prefetch ({mq.max_prefetch})")
     _check_host_port(cluster.bind, "cluster.bind", min_port=0)
     if cluster.advertise:
         _check_host_port(cluster.advertise, "cluster.advertise", min_port=1)

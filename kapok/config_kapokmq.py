@@ -22,12 +22,12 @@ import difflib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path, PurePath
+from pathlib import PurePath
 from typing import Any
 
 from kapok.errors import ConfigError
 
-__all__ = ["KAPOKMQ_KEYS", "Note", "Translation", "annotate", "convert_file", "is_kapokmq", "translate"]
+__all__ = ["KAPOKMQ_KEYS", "Note", "Translation", "annotate", "is_kapokmq", "translate"]
 
 HIDDEN = "(hidden)"
 
@@ -334,24 +334,3 @@ class _Translator:
             else:
                 self.note(key, f"{key}: {_show(self.value(key))} -> replication.master: {url!r} (its {part})")
 
-
-def convert_file(path: Path) -> str:
-    """``kapok config convert``: the Kapok file equivalent to KapokMQ file ``path``, each
-    key's fate as a comment on top. A file that is not KapokMQ's, or whose translation
-    Kapok would refuse, is a ``ConfigError``."""
-    import yaml
-
-    from kapok.config import load_config, read_config_file
-
-    notes: list[Note] = []
-    raw = read_config_file(path, notes)
-    if not notes:
-        raise ConfigError(f"{path}: not a KapokMQ configuration (no KapokMQ key); see `kapok check`")
-    load_config(path, env={})  # the rules across keys, as `kapok serve` would apply them
-    header = [
-        f"# Kapok configuration converted from KapokMQ's {path.name} by `kapok config convert`.",
-        "# What became of each KapokMQ key:",
-        *(f"#   {note.text}" for note in notes if note.key),
-    ]
-    body = yaml.safe_dump(raw, sort_keys=False, allow_unicode=True, default_flow_style=False)
-    return "\n".join(header) + "\n\n" + body

@@ -12,7 +12,8 @@ compatibility routes), and the client maps ``code`` back to the same class::
      │         ├── UnknownOpError     a frame with an ``op`` nobody knows
      │         └── MessageTooLargeError
      ├── AuthError                    missing or wrong secret key
-     │    └── CsrfError               a console form without its session's CSRF token
+     │    ├── CsrfError               a console form without its session's CSRF token
+     │    └── AuthBlockedError        too many wrong keys from this address: wait (429)
      ├── TooManyConnectionsError      server.max_connections reached
      ├── BrokerError
      │    ├── QueueFullError          topic over max_length / max_bytes (policy reject)
@@ -44,6 +45,7 @@ from typing import ClassVar
 
 __all__ = [
     "AnalyticsError",
+    "AuthBlockedError",
     "AuthError",
     "BadRequestError",
     "BrokerError",
@@ -120,6 +122,17 @@ class AuthError(KapokError):
 class CsrfError(AuthError):
     code = "csrf_failed"
     http_status = 403
+
+
+class AuthBlockedError(AuthError):
+    """An address that sent too many wrong keys must wait ``retry_after_s`` before trying again."""
+
+    code = "auth_blocked"
+    http_status = 429
+
+    def __init__(self, message: str, retry_after_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class TooManyConnectionsError(KapokError):

@@ -39,7 +39,7 @@ __all__ = [
     "wait_for",
 ]
 
-_LISTENING = re.compile(r"listening on (http://\S+)")
+_LISTENING = re.compile(r"listening on (https?://\S+)")
 _GOSSIP = re.compile(r"gossip on (\S+)")
 
 

@@ -10,7 +10,7 @@ from aiohttp.test_utils import TestServer
 
 from kapok.clock import Clock
 from kapok.config import Config, load_config
-from kapok.server.app import make_app
+from kapok.node.app import make_app
 from kapok.testing import ManualClock
 from kapok.testing.inprocess import InProcessNode
 

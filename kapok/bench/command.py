@@ -15,7 +15,7 @@ from kapok.bench.harness import Options, Progress
 from kapok.bench.report import Row, document, format_table
 from kapok.bench.runner import run
 from kapok.bench.summary import format_summary, summarize
-from kapok.bench.workloads import WORKLOADS
+from kapok.bench.workloads import LONG_WORKLOADS, WORKLOADS
 from kapok.errors import ConfigError
 
 __all__ = ["options_from_args", "run_command"]
@@ -25,11 +25,13 @@ FSYNCS = ("always", "interval", "never")
 REPLICAS = ("none", "async", "sync")
 
 
-def _expand(values: list[str] | None, known: tuple[str, ...], default: str, what: str) -> tuple[str, ...]:
+def _expand(
+    values: list[str] | None, known: tuple[str, ...], default: str, what: str, not_all: tuple[str, ...] = ()
+) -> tuple[str, ...]:
     chosen: list[str] = []
     for value in values or [default]:
         for item in value.split(","):
-            names = known if item in ("all", "both") else (item,)
+            names = tuple(k for k in known if k not in not_all) if item in ("all", "both") else (item,)
             for name in names:
                 if name not in known:
                     raise ConfigError(f"unknown {what} {name!r}; expected one of {', '.join(known)} or all")
@@ -52,13 +54,13 @@ def options_from_args(args: argparse.Namespace) -> Options:
     ):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name} must be at least 1")
-    for name in ("rate", "seconds", "timeout"):
+    for name in ("rate", "seconds", "timeout", "minutes"):
         if getattr(args, name) <= 0:
             raise ConfigError(f"--{name} must be positive")
     if args.url is not None and not args.url.startswith(("http://", "https://")):
         raise ConfigError("--url must be the node's HTTP base URL, e.g. http://127.0.0.1:8011")
     return Options(
-        workloads=_expand(args.workload, tuple(WORKLOADS), "all", "workload"),
+        workloads=_expand(args.workload, tuple(WORKLOADS), "all", "workload", LONG_WORKLOADS),
         protocols=_expand([args.protocol], PROTOCOLS, "native", "protocol"),
         fsyncs=_expand([args.fsync], FSYNCS, "always", "fsync policy"),
         url=args.url,
@@ -75,6 +77,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         clients=args.clients,
         backlog=args.backlog,
         timeout=args.timeout,
+        minutes=args.minutes,
         sets=tuple(args.overrides),
         replicas=_replicas(args),
         rounds=args.rounds,

@@ -75,7 +75,9 @@ def _case(h: Harness, workload: str, protocol: str, fsync: str, replica: str) ->
     o = h.options
     slave_note = "" if replica == "none" else f"{replica} slave"
     label = f"{workload} {protocol} fsync={fsync}" + (f" ({slave_note})" if slave_note else "")
-    if workload in ("recovery", "backlog") and replica != "none":
+    if workload == "soak" and protocol != o.protocols[0]:
+        return []  # the soak runs both protocols at once
+    if workload in ("recovery", "backlog", "soak") and replica != "none":
         h.progress.line(f"kapok bench: {label}: skipped (measures one node alone)")
         return []
     if workload == "recovery" and o.url is not None:

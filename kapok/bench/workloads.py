@@ -22,6 +22,9 @@ client    the client library (``kapok.client.Producer``, as an application uses 
           ``send`` per message, generated dedup ids) publishing ``--messages`` to the node with
           one batch in flight and with ``--inflight`` batches, each run right after the raw
           producer of ``publish`` with the same batch and window; notes give library ÷ raw.
+soak      ``--minutes`` of mixed load on both protocols with disconnects, nacks and a kill -9
+          (``kapok.bench.soak``): published / confirmed / delivered / lost / duplicates and the
+          node's RSS over time. Not part of ``all``.
 recovery  the same backlog, then the node is killed (kill -9: WAL replay) and restarted, then
           stopped (SIGTERM: shutdown snapshot) and restarted; time until ``/health`` answers
           and the recovery time from the node's "recovered ... in X s" log line.
@@ -36,8 +39,9 @@ from typing import Any
 from kapok.bench.harness import FANOUT_TOPIC, CaseFailed, Harness, RoleRun
 from kapok.bench.nodes import LocalNode, Node
 from kapok.bench.report import Row
+from kapok.bench.soak import soak
 
-__all__ = ["WORKLOADS", "Workload"]
+__all__ = ["LONG_WORKLOADS", "WORKLOADS", "Workload"]
 
 Workload = Callable[[Harness, Node, str], list[Row]]
 
@@ -257,4 +261,7 @@ WORKLOADS: dict[str, Workload] = {
     "backlog": backlog,
     "recovery": recovery,
     "client": client,
+    "soak": soak,
 }
+# Minutes long: chosen by name only, never by "all".
+LONG_WORKLOADS = ("soak",)

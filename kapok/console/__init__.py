@@ -23,7 +23,7 @@ from aiohttp import web
 from kapok.console import api, views
 from kapok.console.format import FILTERS
 from kapok.console.rates import RATES, RateSampler, rates_ctx
-from kapok.console.session import SESSIONS, LoginThrottle, Sessions, console_guard
+from kapok.console.session import SESSIONS, Sessions, console_guard
 from kapok.server.keys import SERVICE
 
 __all__ = ["setup_console", "view_dir"]
@@ -54,7 +54,6 @@ def setup_console(app: web.Application) -> None:
     )
     env.trim_blocks = env.lstrip_blocks = True
     app[SESSIONS] = Sessions(service.node_name, cfg.session_idle_s, service.now)
-    app[views.THROTTLE] = LoginThrottle(service.now)
     app[RATES] = RateSampler(service)
     app.cleanup_ctx.append(rates_ctx)
     app.middlewares.append(console_guard)

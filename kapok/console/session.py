@@ -1,4 +1,4 @@
-"""Console logins: sessions, CSRF tokens, the login throttle, and the guard middleware.
+"""Console logins: sessions, CSRF tokens and the guard middleware.
 
 Theory of operation. The secret key is typed once into the login form (a POST body,
 never a URL, so it reaches no access log) and compared in constant time. What the
@@ -42,7 +42,6 @@ from kapok.server.responses import read_form
 __all__ = [
     "CSRF_FIELD",
     "SESSIONS",
-    "LoginThrottle",
     "Session",
     "Sessions",
     "console_guard",
@@ -119,33 +118,6 @@ class Sessions:
 
     def end(self, sid: str) -> None:
         self._by_id.pop(sid, None)
-
-
-class LoginThrottle:
-    """Wrong keys per client address: after ``limit`` within ``window_s``, logins from
-    that address are refused until the window has passed (bounded: oldest addresses go)."""
-
-    def __init__(self, clock: Callable[[], float], limit: int = 10, window_s: float = 60.0) -> None:
-        self._clock = clock
-        self.limit = limit
-        self.window_s = window_s
-        self._failures: OrderedDict[str, list[float]] = OrderedDict()
-
-    def blocked(self, addr: str) -> bool:
-        recent = self._recent(addr)
-        return len(recent) >= self.limit
-
-    def failed(self, addr: str) -> None:
-        recent = self._recent(addr)
-        recent.append(self._clock())
-        self._failures[addr] = recent
-        self._failures.move_to_end(addr)
-        while len(self._failures) > 10_000:
-            self._failures.popitem(last=False)
-
-    def _recent(self, addr: str) -> list[float]:
-        since = self._clock() - self.window_s
-        return [t for t in self._failures.get(addr, ()) if t > since]
 
 
 SESSIONS: Final = web.AppKey("console_sessions", Sessions)

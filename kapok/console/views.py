@@ -19,18 +19,17 @@ from aiohttp import web
 from kapok import __version__
 from kapok.console import figures
 from kapok.console.api import analytics_data, message_data, messages_data, overview_data
-from kapok.console.session import SESSIONS, LoginThrottle, current_session, safe_next
-from kapok.errors import BadRequestError, KapokError
-from kapok.server.auth import key_matches
+from kapok.console.session import SESSIONS, current_session, safe_next
+from kapok.errors import AuthBlockedError, BadRequestError, KapokError
+from kapok.server.auth import check_key, key_matches
 from kapok.server.keys import SERVICE
 from kapok.server.responses import read_form
 from kapok.server.search import STATUSES
 
-__all__ = ["THROTTLE", "routes"]
+__all__ = ["routes"]
 
 routes = web.RouteTableDef()
 
-THROTTLE: Final = web.AppKey("console_login_throttle", LoginThrottle)
 NOTICES: Final = {
     "deleted": "The message was deleted.",
     "requeued": "The dead letter was published again to its topic (this is the new message) and "
@@ -78,19 +77,15 @@ async def login_form(request: web.Request) -> web.Response:
 @routes.post("/console/login")
 async def login(request: web.Request) -> web.StreamResponse:
     sessions = request.app[SESSIONS]
-    throttle = request.app[THROTTLE]
-    service = request.app[SERVICE]
-    addr = request.remote or ""
-    if throttle.blocked(addr):
-        return _login_page(request, "Too many wrong keys from this address; wait a minute.", 429)
     form = await read_form(request)
     expected = request.cookies.get(sessions.login_cookie, "")
     if not expected or not key_matches(form.get("login_token"), expected):
         return _login_page(request, "The login form expired; please try again.", 403)
-    if not key_matches(form.get("key"), service.config.mq.secret_key):
-        throttle.failed(addr)
-        service.auth_failures += 1
-        return _login_page(request, "Wrong secret key.", 401)
+    try:
+        if not check_key(request, form.get("key")):
+            return _login_page(request, "Wrong secret key.", 401)
+    except AuthBlockedError:
+        return _login_page(request, "Too many wrong keys from this address; wait and try again.", 429)
     session = sessions.create()
     response = web.HTTPSeeOther(safe_next(form.get("next")))
     response.set_cookie(sessions.cookie, session.sid, path="/", httponly=True, samesite="Strict",

@@ -3,8 +3,9 @@
 A batch is accepted or refused as a whole, before anything is stored: every
 draft is validated (size, priority, TTL), duplicates are found (the dedup
 window, and repeats inside the batch), each topic's quota is checked for the
-drafts that would really be stored (``overflow: reject``), and each
-producer's token bucket is charged. Storing is the broker's business; this
+drafts that would really be stored (``overflow: reject``), so is the node's
+whole backlog (``max_backlog_bytes``, against the total the broker passes in),
+and each producer's token bucket is charged. Storing is the broker's business; this
 module only decides.
 """
 
@@ -22,9 +23,13 @@ from kapok.errors import BadRequestError, MessageTooLargeError, QueueFullError, 
 if TYPE_CHECKING:
     from kapok.core.topics import Topic
 
-__all__ = ["MAX_PRIORITY", "Admission", "Admitted"]
+__all__ = ["MAX_PRIORITY", "MESSAGE_OVERHEAD_BYTES", "Admission", "Admitted"]
 
 MAX_PRIORITY = 9
+# What a live message costs the node beside its payload (the message object, its entry,
+# its code, its place in the queues and indexes), rounded up from the backlog benchmark's
+# ~420 B of RSS per queued 100-byte message. mq.max_backlog_bytes counts payload + this.
+MESSAGE_OVERHEAD_BYTES = 512
 
 
 @dataclass(slots=True)
@@ -47,9 +52,12 @@ class Admission:
         self.dedup = DedupWindow(settings.dedup_window_s, settings.dedup_max_entries)
         self.limiter = RateLimiter(settings.producer_rate, settings.producer_burst)
 
-    def admit(self, drafts: list[Draft], topic: Callable[[str], Topic], now: float) -> Admitted:
-        """Decide on a batch; ``topic`` finds (or makes) a topic by name. Raises the error
-        that refuses the whole batch."""
+    def admit(
+        self, drafts: list[Draft], topic: Callable[[str], Topic], now: float, backlog_bytes: int = 0
+    ) -> Admitted:
+        """Decide on a batch; ``topic`` finds (or makes) a topic by name; ``backlog_bytes``
+        is the node's live backlog now (payload + ``MESSAGE_OVERHEAD_BYTES`` per message).
+        Raises the error that refuses the whole batch."""
         max_bytes = self.settings.max_message_bytes
         first_topic = drafts[0].topic if drafts else ""
         one_topic = True
@@ -77,6 +85,8 @@ class Admission:
             per_topic = {}
             for d in drafts:
                 per_topic[d.topic] = per_topic.get(d.topic, 0) + 1
+        if self.settings.max_backlog_bytes:
+            self._check_backlog(drafts, slots, backlog_bytes)
         for name, count in per_topic.items():
             self._check_quota(topic(name), drafts, slots, count)
         if self.limiter.enabled:
@@ -111,6 +121,19 @@ class Admission:
                 seen[(d.topic, d.dedup_id)] = i
             per_topic[d.topic] = per_topic.get(d.topic, 0) + 1
         return per_topic
+
+    def _check_backlog(self, drafts: list[Draft], slots: list[str | int | None] | None, backlog: int) -> None:
+        limit = self.settings.max_backlog_bytes
+        if slots is None:
+            size = sum(len(d.data) for d in drafts) + MESSAGE_OVERHEAD_BYTES * len(drafts)
+        else:
+            fresh = [d for d, slot in zip(drafts, slots, strict=True) if slot is None]
+            size = sum(len(d.data) for d in fresh) + MESSAGE_OVERHEAD_BYTES * len(fresh)
+        if backlog + size > limit:
+            raise QueueFullError(
+                f"the node's backlog is full ({backlog} of mq.max_backlog_bytes {limit} bytes in use): "
+                "consume some messages or try again later"
+            )
 
     @staticmethod
     def _check_quota(

@@ -41,8 +41,18 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from kapok.core import changes as ch
-from kapok.core.admission import Admission
-from kapok.core.model import CodeMaker, Consumer, Draft, Entry, Message, Status, code_prefix
+from kapok.core.admission import MESSAGE_OVERHEAD_BYTES, Admission
+from kapok.core.model import (
+    NO_ROOM_LIMIT,
+    PUSH_OVERHEAD_BYTES,
+    CodeMaker,
+    Consumer,
+    Draft,
+    Entry,
+    Message,
+    Status,
+    code_prefix,
+)
 from kapok.core.routing import compile_pattern
 from kapok.core.settings import BrokerSettings
 from kapok.core.timers import Timers
@@ -100,6 +110,9 @@ class Broker:
         self.topics: dict[str, Topic] = {}
         self.consumers: dict[int, Consumer] = {}
         self.messages: dict[str, Message] = {}  # live and retained, by code
+        # Live messages' payload bytes + MESSAGE_OVERHEAD_BYTES each: what
+        # mq.max_backlog_bytes limits (Admission), whatever the topic.
+        self.backlog_bytes = 0
         self.admission = Admission(settings)
         self.timers = Timers(settings.retain_consumed_max)
         self._seq = first_seq
@@ -185,7 +198,7 @@ class Broker:
     def publish(self, drafts: Iterable[Draft], now: float) -> list[str]:
         """Accept a batch atomically: ``Admission`` checks every draft before any is stored."""
         drafts = drafts if isinstance(drafts, list) else list(drafts)
-        admitted = self.admission.admit(drafts, self.topic, now)
+        admitted = self.admission.admit(drafts, self.topic, now, self.backlog_bytes)
         prefix = code_prefix(int(now * 1000), self.node_id)
         topics = self.topics
         store = self._store
@@ -260,6 +273,7 @@ class Broker:
             return msg
         topic.live_count += 1
         topic.live_bytes += len(d.data)
+        self.backlog_bytes += len(d.data) + MESSAGE_OVERHEAD_BYTES
         if topic.order is not None:
             topic.order.append(msg)
         if delayed:
@@ -295,13 +309,12 @@ class Broker:
         auto_ack: bool = False,
         weight: int = 1,
         name: str = "",
+        room: int = NO_ROOM_LIMIT,
     ) -> Consumer:
         """Add a consumer; ``group=None`` joins the p2p default group or, on a
         pub/sub topic, a private group that lives as long as the subscription."""
         topic = self.topic(topic_name)
-        prefetch = self.settings.prefetch if prefetch is None else prefetch
-        if not 1 <= prefetch <= 1_000_000:
-            raise SubscriptionError(f"prefetch must be 1 to 1000000, got {prefetch}")
+        prefetch = self._capped(self.settings.prefetch if prefetch is None else prefetch)
         if not 1 <= weight <= 1000:
             raise SubscriptionError(f"weight must be 1 to 1000, got {weight}")
         pattern = compile_pattern(key)
@@ -318,6 +331,7 @@ class Broker:
             grp = self._group(topic, f"~{cid}", durable=False, now=now)
         timeout = 0.0 if auto_ack else topic.cfg.ack_timeout_s
         consumer = Consumer(cid, grp, name, pattern, prefetch, auto_ack, weight, timeout, since=now)
+        consumer.room = room
         self.consumers[cid] = consumer
         grp.consumers.append(consumer)
         grp.consumers_changed()
@@ -344,13 +358,31 @@ class Broker:
         group.consumers_changed()
         self._dispatch(now)
 
-    def set_prefetch(self, consumer_id: int, prefetch: int, now: float) -> None:
-        if not 1 <= prefetch <= 1_000_000:
-            raise SubscriptionError(f"prefetch must be 1 to 1000000, got {prefetch}")
+    def set_prefetch(self, consumer_id: int, prefetch: int, now: float) -> int:
+        """Change a consumer's credit; returns the prefetch it got (at most ``max_prefetch``)."""
+        prefetch = self._capped(prefetch)
         consumer = self._consumer(consumer_id)
         consumer.prefetch = prefetch
         self._dirty.add(consumer.group)
         self._dispatch(now)
+        return prefetch
+
+    def _capped(self, prefetch: int) -> int:
+        if not 1 <= prefetch <= 1_000_000:
+            raise SubscriptionError(f"prefetch must be 1 to 1000000, got {prefetch}")
+        return min(prefetch, self.settings.max_prefetch)
+
+    def set_room(self, consumer_id: int, room: int, now: float) -> None:
+        """What the consumer's send queue can take now, in bytes (its driver says so as
+        the queue drains); each delivery uses its payload + ``PUSH_OVERHEAD_BYTES``."""
+        consumer = self.consumers.get(consumer_id)
+        if consumer is None:
+            return
+        starved = consumer.room <= 0
+        consumer.room = room
+        if starved and room > 0:
+            self._dirty.add(consumer.group)
+            self._dispatch(now)
 
     def _consumer(self, consumer_id: int) -> Consumer:
         consumer = self.consumers.get(consumer_id)
@@ -581,6 +613,7 @@ class Broker:
         timers = self.timers
         topic.live_count += 1
         topic.live_bytes += len(msg.data)
+        self.backlog_bytes += len(msg.data) + MESSAGE_OVERHEAD_BYTES
         if topic.order is not None:
             topic.order.append(msg)
         if msg.expire_at:
@@ -655,6 +688,7 @@ class Broker:
             entry.consumer = c
             msg = entry.msg
             held[msg.code] = entry
+            c.room -= len(msg.data) + PUSH_OVERHEAD_BYTES
             if deadlines is not None and timed is not None:
                 entry.deadline = deadline
                 deadlines.append(deadline)
@@ -739,6 +773,7 @@ class Broker:
         if counted:
             topic.live_count -= 1
             topic.live_bytes -= len(msg.data)
+            self.backlog_bytes -= len(msg.data) + MESSAGE_OVERHEAD_BYTES
         if msg.expire_at:
             self.timers.unexpire(msg)
         retain = topic.cfg.retain_consumed_s

@@ -361,6 +361,12 @@ class Message(Entry):
         return {e.group.name: e for e in self.all_entries()}
 
 
+NO_ROOM_LIMIT = 1 << 62
+# What a delivery costs its connection's send queue beside the payload (the push's JSON
+# fields), so that ``Consumer.room`` bounds small messages too.
+PUSH_OVERHEAD_BYTES = 160
+
+
 class Consumer:
     """One subscription: a push consumer on a socket, or a group's pull lessee."""
 
@@ -377,6 +383,7 @@ class Consumer:
         "name",
         "pattern",
         "prefetch",
+        "room",
         "since",
         "weight",
     )
@@ -405,6 +412,10 @@ class Consumer:
         self.is_pull = is_pull
         self.since = since
         self.held: dict[str, Entry] = {}  # code -> entry, delivery order
+        # Bytes its connection's send queue can still take (see Broker.set_room): deliveries
+        # stop at 0 whatever the prefetch, so a consumer that stops reading holds a bounded
+        # amount of the node's memory. Pull lessees and tests have no such limit.
+        self.room = NO_ROOM_LIMIT
         self.current_weight = 0  # smooth weighted round-robin state
         self.delivered = 0
         self.acked = 0
@@ -414,7 +425,7 @@ class Consumer:
 
     @property
     def credit(self) -> int:
-        return self.prefetch - len(self.held)
+        return self.prefetch - len(self.held) if self.room > 0 else 0
 
     def accepts(self, key: str) -> bool:
         return self.pattern is None or self.pattern.matches(key)

@@ -41,6 +41,8 @@ class BrokerSettings:
     retain_consumed_max: int  # consumed messages kept for inspection, whole node
     producer_rate: float  # messages/s per producer, 0 = unlimited
     producer_burst: int
+    max_prefetch: int = 1_000_000  # what a consumer asking for more prefetch gets
+    max_backlog_bytes: int = 0  # node-wide live payload + MESSAGE_OVERHEAD_BYTES each; 0 = unlimited
     topic_overrides: Mapping[str, TopicSettings] = field(default_factory=dict)  # by exact topic name
 
     def topic(self, name: str) -> TopicSettings:

@@ -129,7 +129,7 @@ class Group:
             # to make, nothing to park or skip; FIFO until its credit is used.
             c = consumers[0]
             for queue in reversed(self.ready):
-                while queue and c.prefetch > len(c.held):
+                while queue and c.prefetch > len(c.held) and c.room > 0:
                     entry = queue.popleft()
                     if entry.status is ready:
                         self.ready_count -= 1
@@ -177,7 +177,7 @@ class Group:
         n = len(consumers)
         if n == 1:  # the common case, without the round-robin arithmetic
             c = consumers[0]
-            if c.prefetch > len(c.held) and (c.pattern is None or c.pattern.matches(entry.msg.key)):
+            if c.prefetch > len(c.held) and c.room > 0 and (c.pattern is None or c.accepts(entry.msg.key)):
                 return c
             return None
         key = entry.msg.key
@@ -187,7 +187,7 @@ class Group:
             for i in range(n):
                 idx = (rr + i) % n
                 c = consumers[idx]
-                if c.prefetch > len(c.held) and (c.pattern is None or c.pattern.matches(key)):
+                if c.prefetch > len(c.held) and c.room > 0 and (c.pattern is None or c.pattern.matches(key)):
                     if c.id == avoid:
                         fallback = idx
                         continue

@@ -37,13 +37,12 @@ from kapok.config import Config
 from kapok.core.broker import Broker
 from kapok.core.replay import Mirror
 from kapok.errors import FencedError, NotActiveError
-from kapok.replication.diverged import write_diverged
 from kapok.replication.follower import Follower
 from kapok.replication.leader import Leader
-from kapok.replication.protocol import Action, Facts, History, Role, assess
+from kapok.replication.protocol import Action, Facts, History, Role, assess, leads_at_start
 from kapok.replication.state import PairState
-from kapok.storage.disk import DiskStore, begin_transfer
-from kapok.storage.records import encode_end
+from kapok.replication.transfer import receive_transfer
+from kapok.storage.disk import DiskStore
 from kapok.storage.wal import WriteAheadLog
 
 __all__ = ["ReplicationNode", "Service"]
@@ -171,41 +170,11 @@ class ReplicationNode:
     async def receive_transfer(
         self, lsn: int, shared: int, chunks: Callable[[], Awaitable[bytes | None]]
     ) -> None:
-        """A full transfer: write the streamed snapshot beside the store (which stays as it is
-        until the snapshot is whole: a transfer cut short leaves the old state), set aside
-        what diverged, then reopen the store on the transferred state (as a mirror)."""
-        loop = asyncio.get_running_loop()
-        writer = await loop.run_in_executor(None, begin_transfer, self.service.config.storage, lsn)
-        size = 0
-        try:
-            while (chunk := await chunks()) is not None:
-                size += len(chunk)
-                if chunk:
-                    await loop.run_in_executor(None, writer.write, chunk)
-            await loop.run_in_executor(None, writer.write, encode_end())
-            await loop.run_in_executor(None, writer.commit)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                writer.abort()
-            raise
-        store: DiskStore = self.service.store
-        if shared < store.wal.next_lsn:
-            await self._set_aside(store, shared)
-        log.info("full transfer received: %d bytes of state at LSN %d", size, lsn)
-        await self.service.reopen(DiskStore(self.service.config.storage), mirror=True)  # installs it
-
-    async def _set_aside(self, store: DiskStore, shared: int) -> None:
-        """Write the records past ``shared`` to ``diverged/`` for the operator."""
-        loop = asyncio.get_running_loop()
-        await store.wal.flush()
-        path = self.directory / "diverged" / f"diverged-epoch{self.state.epoch}-lsn{shared}.jsonl"
-        count, published = await loop.run_in_executor(None, write_diverged, store.replay_from(shared), path)
-        self.diverged_records += count
-        log.error(
-            "%d records past LSN %d never reached the new master (%d published messages: %s); "
-            "written to %s", count, shared, published,
-            "lost" if self.cfg.mode == "async" else "never confirmed", path,
-        )  # fmt: skip
+        """A full transfer (``kapok.replication.transfer``); what diverged is counted."""
+        diverged = await receive_transfer(
+            self.service, lsn, shared, chunks, self.directory, self.state.epoch, lost=self.cfg.mode == "async"
+        )
+        self.diverged_records += diverged
 
     # ------------------------------------------------------------ the service's gate
 
@@ -242,21 +211,13 @@ class ReplicationNode:
     async def _first_role(self) -> tuple[Role, str]:
         state = self.state
         url = state.partner_url or self.cfg.master
-        if not state.paired:
-            return (Role.LEADER, "") if self.configured_role == "master" else (Role.FOLLOWER, url)
-        health = await _probe(url)
-        master = self.configured_role == "master"
-        if health is not None:
-            their_epoch, their_active = int(health.get("epoch", 0)), bool(health.get("active"))
-            if their_active:
-                lead = their_epoch < state.epoch
-            else:
-                lead = state.epoch > their_epoch or (state.epoch == their_epoch and master)
-        else:
-            lead = state.leading
-        seen = (
-            "unreachable" if health is None else f"epoch {health.get('epoch')}, active {health.get('active')}"
-        )
+        health = await _probe(url) if state.paired else None
+        partner = None if health is None else (int(health.get("epoch", 0)), bool(health.get("active")))
+        lead = leads_at_start(
+            paired=state.paired, configured_master=self.configured_role == "master",
+            epoch=state.epoch, leading=state.leading, partner=partner,
+        )  # fmt: skip
+        seen = "unreachable" if partner is None else f"epoch {partner[0]}, active {partner[1]}"
         log.info(
             "start-up: %s (epoch %d; partner %s: %s)",
             "leading" if lead else "following", state.epoch, state.partner, seen,

@@ -50,6 +50,7 @@ __all__ = [
     "encode_records",
     "end_of_epoch",
     "history_from_json",
+    "leads_at_start",
     "shared_end",
 ]
 
@@ -123,6 +124,23 @@ def assess(f: Facts) -> Action:
     if f.role is Role.FENCED and not isolated:
         return Action.UNFENCE
     return Action.NONE
+
+
+def leads_at_start(
+    *, paired: bool, configured_master: bool, epoch: int, leading: bool, partner: tuple[int, bool] | None
+) -> bool:
+    """Whether a node starts as its pair's leader. ``partner`` is the partner's (epoch,
+    active) from its ``/health``, or None when it does not answer. A higher epoch leads; at
+    the same epoch an active partner keeps leading, else the configured master leads; an
+    unreachable partner leaves the node in the role it had when it stopped (``leading``)."""
+    if not paired:
+        return configured_master
+    if partner is None:
+        return leading
+    their_epoch, their_active = partner
+    if their_active:
+        return their_epoch < epoch
+    return epoch > their_epoch or (epoch == their_epoch and configured_master)
 
 
 # ---------------------------------------------------------------- epoch histories

@@ -1,1 +1,1 @@
-"""The node's network side: ``make_app(config)`` and the drivers behind each protocol."""
+"""The node's network side: the drivers behind each protocol (assembled by ``kapok.node``)."""

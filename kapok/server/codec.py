@@ -219,8 +219,8 @@ def compat_draft(raw: str | bytes, topic: str, producer_id: str) -> Draft:
             return Draft(topic, data.encode(), producer_id=producer_id)
         return compat_fields_draft(data, delay, topic, producer_id)
     data = _ci(obj, "MessageData")
-    if data is None:
-        data = ""
+    if data is None:  # KapokMQ stored an empty message; a frame without one is a mistake
+        raise BadRequestError("MessageData is required: a producer frame carries one message")
     if not isinstance(data, str):
         raise BadRequestError("MessageData must be a string")
     delay = _ci(obj, "DelayTime")

@@ -21,7 +21,7 @@ from aiohttp import WSMsgType, web
 from kapok.core.broker import Draft
 from kapok.core.model import Consumer, Entry
 from kapok.errors import BadRequestError, KapokError, UnavailableError
-from kapok.server.auth import KEY_ERROR, compat_handshake, key_matches
+from kapok.server.auth import KEY_ERROR, check_key, compat_handshake
 from kapok.server.codec import client_label, compat_draft, compat_fields_draft, compat_pushes
 from kapok.server.keys import SERVICE
 from kapok.server.outbox import Outbox
@@ -174,8 +174,8 @@ async def producer_ws(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     topic = request.match_info["topic"]
     producer_id = client_label(request.match_info["producer_id"], "producer id")
-    async with open_ws(request, text=True, fast=True) as (ws, outbox):
-        if not await compat_handshake(ws, service):
+    async with open_ws(request, text=True, handshake=True, fast=True) as (ws, outbox):
+        if not await compat_handshake(ws, request):
             return ws
         info = ClientInfo(producer_id, _client_ip(request), service.now(), "kapokmq", published={topic})
         client = service.add_client(info)
@@ -219,16 +219,19 @@ async def consumer_ws(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     topic = request.match_info["topic"]
     consumer_id = request.match_info["consumer_id"]
-    async with open_ws(request, text=True, fast=True) as (ws, outbox):
-        if not await compat_handshake(ws, service):
+    async with open_ws(request, text=True, handshake=True, fast=True) as (ws, outbox):
+        if not await compat_handshake(ws, request):
             return ws
         try:
-            consumer = service.subscribe(_CompatConsumer(outbox), topic, name=consumer_id)
+            sink = _CompatConsumer(outbox)
+            consumer = service.subscribe(sink, topic, name=consumer_id, room=outbox.free_bytes)
         except KapokError as exc:
             # Written directly: the outbox is torn down with the socket below.
             await ws.send_str(compat_error(exc.message).decode())
             await ws.close()
             return ws
+        cid = consumer.id
+        outbox.on_room = lambda room: service.set_room(cid, room) if consumer.room <= 0 else None
         ip = _client_ip(request)
         info = ClientInfo(consumer_id, ip, service.now(), "kapokmq", subscriptions={consumer.id})
         client = service.add_client(info)
@@ -280,10 +283,9 @@ class _Acker(_TurnBatch[str]):
 @routes.post("/Producer/Send")
 async def producer_send(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    if not key_matches(request.headers.get("secretKey"), service.config.mq.secret_key):
-        service.auth_failures += 1
-        return json_response({"code": -1, "msg": KEY_ERROR})
     try:
+        if not check_key(request, request.headers.get("secretKey")):
+            return json_response({"code": -1, "msg": KEY_ERROR})
         form = await read_form(request)
         data, topic, delay = form.get("messageData"), form.get("topic"), form.get("delayTime")
         if not data or not topic:

@@ -16,8 +16,8 @@ from typing import Any
 from aiohttp import web
 
 from kapok.config import Config
-from kapok.errors import BadRequestError
-from kapok.server.auth import KEY_ERROR, key_matches
+from kapok.errors import AuthBlockedError, BadRequestError
+from kapok.server.auth import KEY_ERROR, check_key
 from kapok.server.cluster_view import compat_nodes
 from kapok.server.codec import compat_message
 from kapok.server.keys import SERVICE
@@ -40,9 +40,11 @@ def _console(path: str) -> Callable[[Handler], Handler]:
     def wrap(handler: Handler) -> Handler:
         async def route(request: web.Request) -> web.Response:
             service = request.app[SERVICE]
-            if not key_matches(request.headers.get("secretKey"), service.config.mq.secret_key):
-                service.auth_failures += 1
-                return json_response({"code": -1, "msg": KEY_ERROR})
+            try:
+                if not check_key(request, request.headers.get("secretKey")):
+                    return json_response({"code": -1, "msg": KEY_ERROR})
+            except AuthBlockedError as exc:
+                return json_response({"code": -1, "msg": exc.message})
             try:
                 result = await handler(request, service)
             except BadRequestError as exc:

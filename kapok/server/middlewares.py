@@ -7,9 +7,8 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from kapok.errors import AuthError, KapokError
-from kapok.server.auth import bearer_ok
-from kapok.server.keys import SERVICE
+from kapok.errors import AuthBlockedError, AuthError, KapokError
+from kapok.server.auth import bearer_token, check_key
 from kapok.server.responses import json_response
 
 __all__ = ["auth_middleware", "error_middleware"]
@@ -27,7 +26,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except KapokError as exc:
-        return error_json(exc.code, exc.message, exc.http_status)
+        response = error_json(exc.code, exc.message, exc.http_status)
+        if isinstance(exc, AuthBlockedError):
+            response.headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+        return response
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -36,6 +38,11 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if "Allow" in exc.headers:
             response.headers["Allow"] = exc.headers["Allow"]
         return response
+    except ConnectionError as exc:
+        # The client left mid-request, or the node closed it (a body time-out, counted and
+        # logged by the guard): nobody is there to read an answer, and it is no bug.
+        log.debug("%s %s: connection lost: %s", request.method, request.path, exc)
+        return error_json("connection_lost", "the connection was lost", 400)
     except Exception:
         log.exception("unexpected error handling %s %s", request.method, request.path)
         return error_json("internal", "internal error; see the node's log", 500)
@@ -49,9 +56,6 @@ _PROTECTED = ("/v1/", "/sync/", "/replication/unpair")
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Native and replication routes need ``Authorization: Bearer <mq.secret_key>``."""
-    if request.path.startswith(_PROTECTED):
-        service = request.app[SERVICE]
-        if not bearer_ok(request, service.config.mq.secret_key):
-            service.auth_failures += 1
-            raise AuthError("missing or wrong 'Authorization: Bearer <secret key>' header")
+    if request.path.startswith(_PROTECTED) and not check_key(request, bearer_token(request)):
+        raise AuthError("missing or wrong 'Authorization: Bearer <secret key>' header")
     return await handler(request)

@@ -3,9 +3,11 @@
 Every frame for a connection goes through its outbox, so a slow client only
 ever fills its own queue, never the broker's or another client's. What can
 queue up is bounded twice: deliveries by the consumer's credit (the broker
-never has more than ``prefetch`` unacked messages out to it), and replies by
-backpressure (the connection's reader stops reading new requests while more
-than ``max_bytes`` are queued, see ``wait_writable``).
+never has more than ``prefetch`` unacked messages out to it) and by the
+queue's room in bytes (``on_room``: the broker hands a consumer no more
+than its connection's queue can take), and replies by backpressure (the
+connection's reader stops reading new requests while more than
+``max_bytes`` are queued, see ``wait_writable``).
 
 A frame may wait for a future first (a producer ack waits until its message
 is durable) and may run a callback once written (auto-ack consumers are
@@ -94,6 +96,14 @@ class Outbox:
         self._drained = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.closed = False
+        # Called after each write with the bytes the queue can take now: the connection
+        # gives that room to its consumers (Broker.set_room), so deliveries stop while
+        # the queue is full instead of growing it by a whole prefetch window.
+        self.on_room: Callable[[int], None] | None = None
+
+    @property
+    def free_bytes(self) -> int:
+        return max(0, self._max_bytes - self._bytes)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -209,6 +219,8 @@ class Outbox:
             for on_sent in callbacks:
                 on_sent()
             await self._writer.drain()
+            if self.on_room is not None and self._bytes < self._max_bytes:
+                self.on_room(self._max_bytes - self._bytes)
         if failed is not None:
             # Storage failed: this frame's message is not durable, so never confirm it; hang up.
             message = failed.message if isinstance(failed, KapokError) else str(failed)
@@ -221,7 +233,10 @@ class Outbox:
         """Stop writing; frames still queued are dropped (the connection is going away)."""
         self.closed = True
         self._drained.set()
+        self.on_room = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        self._queue.clear()  # give the memory back now, not when the last reference goes
+        self._bytes = 0

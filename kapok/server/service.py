@@ -33,6 +33,7 @@ from kapok.errors import (
     ReplicationUnavailableError,
     UnavailableError,
 )
+from kapok.server.throttle import AuthThrottle
 from kapok.storage import MemoryStore, Store
 
 __all__ = ["BrokerService", "ClientInfo", "Sink"]
@@ -82,6 +83,9 @@ class BrokerService:
         self.clients: dict[int, ClientInfo] = {}
         self.bad_input: Counter[str] = Counter()  # by kind, exported in /metrics
         self.auth_failures = 0
+        srv = config.server
+        # One back-off for every way of presenting the key (kapok.server.auth.check_key).
+        self.auth_throttle = AuthThrottle(srv.auth_backoff_after, srv.auth_backoff_s, srv.auth_backoff_max_s)
         self.started_at = self.clock.time()
         # Set by replication (``kapok.replication.node``): ``gate(publish)`` raises when this
         # node must refuse a client now (a passive slave, a fenced master, a sync master
@@ -137,7 +141,8 @@ class BrokerService:
     @property
     def http_url(self) -> str:
         host = f"[{self.http_host}]" if ":" in self.http_host else self.http_host
-        return f"http://{host}:{self.http_port}"
+        scheme = "https" if self.config.server.tls_cert else "http"
+        return f"{scheme}://{host}:{self.http_port}"
 
     # ------------------------------------------------------------ clients
 
@@ -203,8 +208,15 @@ class BrokerService:
         self._settle()
         return unknown
 
-    def set_prefetch(self, consumer_id: int, prefetch: int) -> None:
-        self.broker.set_prefetch(consumer_id, prefetch, self.now())
+    def set_prefetch(self, consumer_id: int, prefetch: int) -> int:
+        """Returns the prefetch the consumer got (``mq.max_prefetch`` at most)."""
+        got = self.broker.set_prefetch(consumer_id, prefetch, self.now())
+        self._settle()
+        return got
+
+    def set_room(self, consumer_id: int, room: int) -> None:
+        """What the consumer's connection can queue now, in bytes (its outbox drained)."""
+        self.broker.set_room(consumer_id, room, self.now())
         self._settle()
 
     def settle_in_group(self, topic: str, group: str | None, codes: Iterable[str], how: Settle) -> list[str]:

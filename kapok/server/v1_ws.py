@@ -75,6 +75,7 @@ class NativeConnection:
         self.name = info.client_id
         self.subs: dict[int, Consumer] = {}
         self._sub_rid: Any = None
+        outbox.on_room = self._share_room
         self._ops: dict[str, Callable[[dict[str, Any], Any], None]] = {
             "pub": self.on_pub,
             "sub": self.on_sub,
@@ -153,6 +154,7 @@ class NativeConnection:
             auto_ack=ack_mode == "auto",
             weight=get_int(frame, "weight", 1, lo=1, hi=1000),
             name=self.name,
+            room=self.outbox.free_bytes // (len(self.subs) + 1),
         )
         if consumer.id not in self.subs:
             self._confirm(consumer)
@@ -162,11 +164,19 @@ class NativeConnection:
         # broker may produce inside subscribe() already.
         self.subs[consumer.id] = consumer
         self.info.subscriptions.add(consumer.id)
-        self.outbox.send(
-            orjson.dumps(
-                {"op": "subok", "id": self._sub_rid, "sub": consumer.id, "group": consumer.group.name}
-            )
-        )
+        frame = {
+            "op": "subok", "id": self._sub_rid, "sub": consumer.id, "group": consumer.group.name,
+            "prefetch": consumer.prefetch,
+        }  # fmt: skip
+        self.outbox.send(orjson.dumps(frame))
+
+    def _share_room(self, room: int) -> None:
+        """The outbox drained: share what it can take among the subscriptions that ran out."""
+        starved = [c.id for c in self.subs.values() if c.room <= 0]
+        if starved:
+            share = max(1, room // len(self.subs))
+            for cid in starved:
+                self.service.set_room(cid, share)
 
     def push(self, consumer: Consumer, entries: list[Entry], after: asyncio.Future[None] | None) -> None:
         if consumer.id not in self.subs:
@@ -230,8 +240,8 @@ class NativeConnection:
 
     def on_credit(self, frame: dict[str, Any], rid: Any) -> None:
         sub = self._sub(frame)
-        self.service.set_prefetch(sub, get_int(frame, "prefetch", None, lo=1, hi=1_000_000))
-        self.reply(rid, {"op": "ok"})
+        got = self.service.set_prefetch(sub, get_int(frame, "prefetch", None, lo=1, hi=1_000_000))
+        self.reply(rid, {"op": "ok", "prefetch": got})
 
     def on_ping(self, frame: dict[str, Any], rid: Any) -> None:
         self.outbox.send(orjson.dumps({"op": "pong", "id": rid}))

@@ -31,6 +31,7 @@ __all__ = [
     "FrameError",
     "Message",
     "close_payload",
+    "frame_extent",
     "unmask_int",
 ]
 
@@ -52,6 +53,23 @@ class FrameError(Exception):
         super().__init__(f"{code}: {reason}")
         self.code = code
         self.reason = reason
+
+
+def frame_extent(data: bytes, pos: int) -> tuple[int, int]:
+    """(header bytes, mask key included; payload bytes) of the frame at ``pos`` (§5.2).
+    While its header is incomplete the payload is -1 and the header is the bytes needed."""
+    left = len(data) - pos
+    if left < 2:
+        return 2, -1
+    b1 = data[pos + 1]
+    n = b1 & 0x7F
+    head = 6 if b1 & 0x80 else 2
+    if n < 126:
+        return (head, n) if left >= head else (head, -1)
+    head += 2 if n == 126 else 8
+    if left < head:
+        return head, -1
+    return head, int.from_bytes(data[pos + 2 : pos + head - (4 if b1 & 0x80 else 0)], "big")
 
 
 def unmask_int(mask: bytes, payload: bytes) -> bytes:
@@ -176,15 +194,12 @@ class ClientFrames:
                     raise FrameError(1002, f"unknown opcode {opcode}")
             elif opcode not in _KNOWN:
                 raise FrameError(1002, f"unknown opcode {opcode}")
-            head = 6
-            if n >= 126:
-                head = 8 if n == 126 else 14
-                if left < head:
-                    self._need = head
-                    return pos
-                n = int.from_bytes(data[pos + 2 : pos + head - 4], "big")
-                if head == 14 and n >> 63:
-                    raise FrameError(1002, "frame length has its most significant bit set")
+            head, n = frame_extent(data, pos)
+            if n < 0:
+                self._need = head
+                return pos
+            if n >> 63:
+                raise FrameError(1002, "frame length has its most significant bit set")
             if limit and opcode < CLOSE and n + self._fragments_size > limit:
                 raise FrameError(1009, f"message larger than {limit} bytes")
             stop = pos + head + n

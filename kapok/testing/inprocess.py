@@ -10,8 +10,8 @@ from aiohttp.test_utils import TestServer
 
 from kapok.config import Config
 from kapok.core.broker import Broker
+from kapok.node.app import make_app
 from kapok.replication.node import ReplicationNode
-from kapok.server.app import make_app
 from kapok.server.keys import REPLICATION, SERVICE
 from kapok.server.service import BrokerService
 

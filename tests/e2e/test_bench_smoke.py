@@ -93,3 +93,20 @@ def test_bench_roundtrip_and_peer_mode(tmp_path: Path) -> None:
         ratios[("roundtrip", k)]["p99_ms"] > 0
         for k in ("kapok native fsync=never", "kapok kapokmq fsync=never")
     )
+
+
+def test_soak_smoke_loses_nothing_through_a_kill(tmp_path: Path) -> None:
+    """A few seconds of the soak workload: both protocols, reconnects, nacks, kill -9 and
+    restart at half time; every confirmed message is delivered (the full run is 10 minutes)."""
+    proc = _bench(tmp_path, "--workload", "soak", "--minutes", "0.2", "--rate", "500", "--fsync", "never",
+                 "--json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = json.loads(proc.stdout)["rows"]
+    assert row["workload"] == "soak" and row["ok"] is True, row
+    extra = row["extra"]
+    assert extra["lost"] == 0 and extra["confirmed"] > 1000
+    assert extra["delivered"] >= extra["confirmed"] - extra["lost"]
+    assert extra["published"] >= extra["confirmed"]
+    assert extra["reconnects"] >= 8  # every client reconnected at least once: the kill
+    assert len(extra["rss_mb"]) >= 2 and all(mb > 0 for _, mb in extra["rss_mb"])
+    assert "kill -9 of the node" in proc.stderr

@@ -185,7 +185,8 @@ async def test_send_bad_delay_is_readable(node: Any, session: aiohttp.ClientSess
 # ---------------------------------------------------------------- console
 
 
-async def test_every_route_needs_the_key(node: Any, session: aiohttp.ClientSession) -> None:
+async def test_every_route_needs_the_key(make_node: Any, session: aiohttp.ClientSession) -> None:
+    node = await make_node("server.auth_backoff_after=1000")  # many wrong keys, one address
     for path in CONSOLE_ROUTES:
         for headers in ({}, {"secretKey": "nope"}, {"Authorization": f"Bearer {SECRET}"}):
             body = await post(session, node, path, {}, headers)

@@ -16,7 +16,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from kapok.config import load_config
-from kapok.server.app import make_app
+from kapok.node.app import make_app
 from kapok.testing.console import ConsoleClient, cookie_jar
 from kapok.testing.inprocess import InProcessNode
 

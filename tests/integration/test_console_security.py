@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestServer
 
 from kapok.config import Config, load_config
 from kapok.console.session import SESSIONS
-from kapok.server.app import make_app
+from kapok.node.app import make_app
 from kapok.testing.clock import ManualClock
 from kapok.testing.console import ConsoleClient as Browser
 from kapok.testing.console import cookie_jar

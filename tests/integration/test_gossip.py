@@ -17,7 +17,7 @@ from kapok.cluster.messages import MemberChanged, NodeMeta, State
 from kapok.cluster.node import GossipNode, split_addr
 from kapok.config import ClusterConfig, load_config
 from kapok.launch import cluster_sets
-from kapok.server.app import make_app
+from kapok.node.app import make_app
 from kapok.server.keys import GOSSIP
 from kapok.testing import eventually
 

@@ -42,7 +42,7 @@ from kapok.config import load_config
 from kapok.core.broker import Broker, Draft
 from kapok.core.changes import GroupCreated
 from kapok.core.model import Consumer, Entry
-from kapok.server.app import make_app
+from kapok.node.app import make_app
 from kapok.server.service import BrokerService
 from kapok.storage import disk as disk_module
 from kapok.storage.disk import DiskStore

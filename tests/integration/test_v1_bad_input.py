@@ -236,6 +236,24 @@ async def test_oversize_message_http(
     assert await pull_all(node, session, auth, "t") == []
 
 
+async def raw_upgrade(
+    port: int, path: str, auth: dict[str, str]
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A WebSocket upgrade on a raw socket (to send frames no client library would)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    key = base64.b64encode(os.urandom(16)).decode()
+    writer.write(
+        (
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+            f"Authorization: {auth['Authorization']}\r\n\r\n"
+        ).encode()
+    )
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    return reader, writer
+
+
 def _masked_frame_head(opcode: int, declared_len: int, payload: bytes) -> bytes:
     """A client frame (FIN set, masked) that declares ``declared_len`` bytes but carries ``payload``."""
     mask = os.urandom(4)
@@ -250,18 +268,8 @@ async def test_frame_beyond_websocket_limit_closes_1009(
     port = node.server.port
     # A raw socket: the frame header announces 9 MB (over the ~8.4 MB limit), and the
     # server must refuse it from the header alone, with close code 1009.
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    reader, writer = await raw_upgrade(port, "/v1/ws", auth)
     try:
-        key = base64.b64encode(os.urandom(16)).decode()
-        writer.write(
-            (
-                f"GET /v1/ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
-                f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
-                f"Authorization: {auth['Authorization']}\r\n\r\n"
-            ).encode()
-        )
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-        assert head.startswith(b"HTTP/1.1 101"), head
         writer.write(_masked_frame_head(0x1, 9_000_000, b'{"op": "pub", "msgs": [{"data": "xxxx'))
         await writer.drain()
         first = await asyncio.wait_for(reader.readexactly(2), 5)
@@ -281,6 +289,34 @@ async def test_frame_beyond_websocket_limit_closes_1009(
 
     await eventually(cleaned_up, what="the refused connection cleaned up")
     assert await pull_all(node, session, auth, "t") == []
+
+
+@pytest.mark.parametrize("route", ["/v1/ws", "/Producers/Conn/t/p1"])
+async def test_unmasked_client_frame_closes_1002(
+    node: Any, session: aiohttp.ClientSession, auth: dict[str, str], route: str
+) -> None:
+    """RFC 6455 §5.1: the server closes the connection on an unmasked client frame
+    (issue 17: /v1/ws took them)."""
+    port = node.server.port
+    reader, writer = await raw_upgrade(port, route, auth)
+    try:
+        frame = b'{"op": "ping", "id": 1}'
+        writer.write(bytes([0x81, len(frame)]) + frame)  # FIN + text, no mask bit
+        await writer.drain()
+        seen = b""
+        while True:  # a KapokMQ route first prompts for the key
+            first = await asyncio.wait_for(reader.readexactly(2), 5)
+            payload = await asyncio.wait_for(reader.readexactly(first[1] & 0x7F), 5)
+            seen += payload
+            if first[0] == 0x88:  # FIN + close
+                break
+        assert int.from_bytes(payload[:2], "big") == aiohttp.WSCloseCode.PROTOCOL_ERROR, payload
+        assert b"pong" not in seen  # the frame was never taken
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+    await still_serving(node, session, auth, None)
 
 
 async def test_big_frame_from_a_real_client_is_refused(
@@ -401,19 +437,20 @@ async def test_body_beyond_the_request_limit(
     node = await make_node("mq.max_message_bytes=1000", "server.max_batch=1")
     cfg = node.service.config
     limit = frame_limit(cfg.mq.max_message_bytes, cfg.server.max_batch)  # ~8.4 MB
-    # One byte over the limit, with its Content-Length: the node reads all of it before it
-    # answers, so the client is done writing and always gets to read the answer.
+    # One byte over the limit, with its Content-Length: the node answers from the headers,
+    # before the body (the client asks first, with Expect: 100-continue, so that it reads the
+    # answer instead of writing into a socket the node has closed).
     padding = limit + 1 - len(json.dumps({"data": ""}))
     body = json.dumps({"data": "x" * padding}).encode()
     assert len(body) == limit + 1
     headers = {**auth, "Content-Type": "application/json", "Content-Length": str(len(body))}
     async with session.post(
-        f"{node.url}/v1/topics/t/messages", data=io.BytesIO(body), headers=headers
+        f"{node.url}/v1/topics/t/messages", data=io.BytesIO(body), headers=headers, expect100=True
     ) as resp:
         assert resp.status == 413, await resp.text()
         assert resp.content_type == "application/json"
         answer = await resp.json()
-    assert answer["error"] == "request_entity_too_large"
+    assert answer["error"] == "message_too_large"
     assert isinstance(answer["message"], str) and answer["message"]
     await still_serving(node, session, auth, None)
     assert await pull_all(node, session, auth, "t") == []

@@ -219,7 +219,7 @@ async def test_subok_comes_before_the_first_msg(node: Any, connect: Connect) -> 
     await c.pub("jobs", "1", "2", "3")
     rid = await c.send("sub", topic="jobs", prefetch=10)
     first = await c._read(3.0)
-    assert first == {"op": "subok", "id": rid, "sub": first["sub"], "group": "default"}
+    assert first == {"op": "subok", "id": rid, "sub": first["sub"], "group": "default", "prefetch": 10}
     got = await c.msgs(first["sub"], 3)
     assert datas(got) == ["1", "2", "3"]
 
@@ -246,7 +246,7 @@ async def test_prefetch_limits_unacked_and_credit_raises_it(node: Any, connect: 
     assert datas(first) == ["0", "1", "2", "3", "4"]
     await c.nothing_more(sub)
     answer = await c.request("credit", sub=sub, prefetch=8)
-    assert answer["op"] == "ok"
+    assert answer == {"op": "ok", "id": answer["id"], "prefetch": 8}
     more = await c.msgs(sub, 3)
     assert datas(more) == ["5", "6", "7"]
     await c.nothing_more(sub)
@@ -622,3 +622,16 @@ async def test_base64_payload_round_trips(
     async with session.get(f"{node.url}/v1/messages/{code}", headers=auth) as resp:
         body = await resp.json()
     assert body["enc"] == "base64" and base64.b64decode(body["data"]) == raw
+
+
+async def test_prefetch_is_capped_at_max_prefetch(make_node: Any, connect: Connect) -> None:
+    node = await make_node("mq.max_prefetch=50", "mq.prefetch=10")
+    c = await connect(node)
+    rid = await c.send("sub", topic="capped", prefetch=1_000_000)
+    subok = await c.expect(lambda f: f.get("id") == rid)
+    assert subok["op"] == "subok" and subok["prefetch"] == 50
+    answer = await c.request("credit", sub=subok["sub"], prefetch=999)
+    assert answer["prefetch"] == 50
+    await c.pub("capped", *[str(i) for i in range(60)])
+    assert len(await c.msgs(subok["sub"], 50)) == 50
+    await c.nothing_more(subok["sub"])

@@ -52,6 +52,9 @@ def test_options_expand_all_and_both() -> None:
     assert options.workloads == ("e2e", "publish")
     assert options.fsyncs == ("interval", "never")
     assert options.protocols == ("native",)
+    # The soak runs for minutes: only by name, never as part of "all".
+    options = options_from_args(_args("--workload", "soak", "--minutes", "2.5"))
+    assert options.workloads == ("soak",) and options.minutes == 2.5
 
 
 @pytest.mark.parametrize(

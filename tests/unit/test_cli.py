@@ -81,11 +81,11 @@ def test_usage_error_is_one_line_exit_2(tmp_path: Path) -> None:
 
 @pytest.fixture
 def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Config]:
-    """Replace kapok.server.runner with a fake whose ``serve`` records its config."""
+    """Replace kapok.node.runner with a fake whose ``serve`` records its config."""
     calls: list[Config] = []
-    fake = types.ModuleType("kapok.server.runner")
+    fake = types.ModuleType("kapok.node.runner")
     fake.serve = calls.append  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "kapok.server.runner", fake)
+    monkeypatch.setitem(sys.modules, "kapok.node.runner", fake)
     monkeypatch.chdir(tmp_path)
     # `serve` sets up logging for the process: give it back as it was after the test.
     root = logging.getLogger()
@@ -127,7 +127,7 @@ def test_serve_error_from_runner_is_one_line_exit_1(
     def port_in_use(config: Config) -> None:
         raise OSError(98, "address already in use")
 
-    monkeypatch.setattr(sys.modules["kapok.server.runner"], "serve", port_in_use)
+    monkeypatch.setattr(sys.modules["kapok.node.runner"], "serve", port_in_use)
     assert main(["serve"]) == 1
     err = capsys.readouterr().err
     assert err == "kapok: error: [Errno 98] address already in use\n"
@@ -139,7 +139,7 @@ def test_serve_broker_error_is_exit_1(
     def broken(config: Config) -> None:
         raise BrokerError("storage directory is locked\nby another node")
 
-    monkeypatch.setattr(sys.modules["kapok.server.runner"], "serve", broken)
+    monkeypatch.setattr(sys.modules["kapok.node.runner"], "serve", broken)
     assert main(["serve"]) == 1
     assert capsys.readouterr().err == "kapok: error: storage directory is locked by another node\n"
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kapok.config import load_config
-from kapok.config_kapokmq import KAPOKMQ_KEYS, Note, convert_file, is_kapokmq, translate
+from kapok.config import convert_kapokmq_file, load_config
+from kapok.config_kapokmq import KAPOKMQ_KEYS, Note, is_kapokmq, translate
 from kapok.errors import ConfigError
 
 # KapokMQ's shipped file, as its spec (§4) gives every key and default.
@@ -163,7 +163,7 @@ def test_translate_leaves_the_input_alone() -> None:
 def test_convert_writes_a_kapok_file_with_every_note_as_a_comment(tmp_path: Path) -> None:
     source = tmp_path / "kapokmq.yaml"
     source.write_text(yaml.safe_dump(with_(mq__secretKey="s3cret-key")), encoding="utf-8")
-    text = convert_file(source)
+    text = convert_kapokmq_file(source)
     comments = [line for line in text.splitlines() if line.startswith("#   ")]
     assert len(comments) == sum(len(body) for body in SHIPPED.values())
     converted = yaml.safe_load(text)
@@ -178,4 +178,4 @@ def test_convert_refuses_a_kapok_file(tmp_path: Path) -> None:
     path = tmp_path / "application.yaml"
     path.write_text("server: {port: 1}\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="not a KapokMQ configuration"):
-        convert_file(path)
+        convert_kapokmq_file(path)

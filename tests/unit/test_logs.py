@@ -15,7 +15,7 @@ import pytest
 import kapok.logs
 from kapok.config import load_config
 from kapok.logs import NodeFormatter, relog, set_node, setup_child, setup_logging
-from kapok.server.runner import _warn_plain_traffic
+from kapok.node.runner import _warn_plain_traffic
 
 KEY, GOSSIP = "kq-distinct-key-7781", "gz-distinct-gossip-3312"
 

@@ -62,7 +62,7 @@ def test_the_core_loads_no_other_layer() -> None:
     assert not [m for m in loaded if m.startswith(other_layers)]
 
 
-@pytest.mark.parametrize("module", ["kapok.server.app", "kapok.server.runner", "kapok.core", "kapok.cli"])
+@pytest.mark.parametrize("module", ["kapok.node.app", "kapok.node.runner", "kapok.core", "kapok.cli"])
 def test_the_broker_never_loads_spark(module: str) -> None:
     # PySpark is an optional extra and costs a JVM: only `kapok analytics` may load it.
     spark_modules = ("pyspark", "py4j", "pyarrow", "kapok.analytics")
@@ -73,3 +73,26 @@ def test_the_broker_never_loads_spark(module: str) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+@pytest.mark.parametrize(
+    ("package", "above"),
+    [
+        ("kapok.server", ("kapok.node", "kapok.console", "kapok.cli", "kapok.bench")),
+        ("kapok.console", ("kapok.node", "kapok.cli", "kapok.bench")),
+        ("kapok.replication", ("kapok.node", "kapok.server", "kapok.console")),
+    ],
+)
+def test_a_layer_loads_none_above_it(package: str, above: tuple[str, ...]) -> None:
+    # The node (kapok.node) assembles the drivers, the console and replication; none of them
+    # reaches back up to it or to one another's upper layers.
+    code = (
+        "import importlib, pkgutil, sys\n"
+        f"pkg = importlib.import_module({package!r})\n"
+        "for info in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + '.'):\n"
+        "    importlib.import_module(info.name)\n"
+        "print(' '.join(sorted(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = [m for m in out.stdout.split() if m.startswith(above)]
+    assert loaded == [], f"{package} loads {loaded}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kapok.console import session as sess
-from kapok.console.session import LoginThrottle, Sessions, safe_next
+from kapok.console.session import Sessions, safe_next
 from kapok.testing.clock import ManualClock
 
 
@@ -48,18 +48,6 @@ def test_logout_ends_a_session() -> None:
     sessions.end(s.sid)
     sessions.end("unknown")
     assert sessions.get(s.sid) is None
-
-
-def test_throttle_counts_failures_per_address_within_the_window() -> None:
-    clock = ManualClock()
-    throttle = LoginThrottle(clock.time, limit=3, window_s=60)
-    for _ in range(3):
-        assert not throttle.blocked("10.0.0.1")
-        throttle.failed("10.0.0.1")
-    assert throttle.blocked("10.0.0.1")
-    assert not throttle.blocked("10.0.0.2")
-    clock.advance(61)
-    assert not throttle.blocked("10.0.0.1")
 
 
 def test_only_console_paths_are_followed_after_login() -> None:

@@ -18,6 +18,7 @@ from kapok.replication.protocol import (
     encode_records,
     end_of_epoch,
     history_from_json,
+    leads_at_start,
     shared_end,
 )
 
@@ -126,3 +127,26 @@ def test_frames() -> None:
     for bad_control in (b"nope", b"[1]", b'{"op": "launch"}', b'{"op": "ack"' + b" " * 70000 + b"}"):
         with pytest.raises(ReplicationError):
             decode_control(bad_control)
+
+
+@pytest.mark.parametrize(
+    ("paired", "master", "epoch", "leading", "partner", "leads"),
+    [
+        (False, True, 1, True, None, True),  # a master that never had a slave
+        (False, False, 1, False, None, False),  # a fresh slave follows its configured master
+        (True, True, 1, True, (2, True), False),  # its slave took over: follow it
+        (True, False, 2, True, (1, True), True),  # we led later than the active partner did
+        (True, True, 1, True, (1, True), False),  # one epoch, one leader: the active one keeps it
+        (True, True, 1, True, (1, False), True),  # both starting, same epoch: the master leads
+        (True, False, 1, False, (1, False), False),
+        (True, False, 2, True, (1, False), True),  # both starting: the higher epoch leads
+        (True, True, 1, True, None, True),  # partner unreachable: the role it had
+        (True, True, 2, False, None, False),  # (it was following when it stopped)
+    ],
+)
+def test_the_start_up_rule(
+    paired: bool, master: bool, epoch: int, leading: bool, partner: tuple[int, bool] | None, leads: bool
+) -> None:
+    assert leads_at_start(
+        paired=paired, configured_master=master, epoch=epoch, leading=leading, partner=partner
+    ) is leads

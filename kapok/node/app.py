@@ -14,7 +14,8 @@ from kapok.cluster.node import GossipNode
 from kapok.config import Config
 from kapok.console import setup_console
 from kapok.replication.node import ReplicationNode
-from kapok.server import cluster_view, compat, compat_console, ops, sync, v1_http, v1_ws
+from kapok.server import cluster_view, compat, compat_console, openapi, ops, sync, v1_http, v1_ws
+from kapok.server.guard import GUARD, ConnectionGuard, expect_handler, guard_ctx, guard_middleware
 from kapok.server.keys import CONFIG, CONNECTIONS, GOSSIP, REGISTRY, REPLICATION, SERVICE, OpenSockets
 from kapok.server.metrics import make_registry
 from kapok.server.middlewares import auth_middleware, error_middleware
@@ -62,9 +63,22 @@ async def wind_down(app: web.Application) -> None:
     await _close_connections(app)
 
 
+def _add_routes(app: web.Application, table: web.RouteTableDef) -> None:
+    """Like ``app.add_routes``, with an ``Expect: 100-continue`` answer that refuses a body
+    too large before the client sends it."""
+    for route in table:
+        if isinstance(route, web.RouteDef):
+            app.router.add_route(route.method, route.path, route.handler, expect_handler=expect_handler,
+                                 **route.kwargs)  # fmt: skip
+        else:
+            route.register(app.router)
+
+
 def make_app(config: Config, *, store: Store | None = None, clock: Clock | None = None) -> web.Application:
     max_body = frame_limit(config.mq.max_message_bytes, config.server.max_batch)
-    app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=max_body)
+    app = web.Application(
+        middlewares=[guard_middleware, error_middleware, auth_middleware], client_max_size=max_body
+    )
     if store is None:
         store = DiskStore(config.storage)
     service = BrokerService(config, store=store, clock=clock)
@@ -72,6 +86,11 @@ def make_app(config: Config, *, store: Store | None = None, clock: Clock | None 
     app[SERVICE] = service
     app[CONNECTIONS] = OpenSockets()
     app[REGISTRY] = make_registry(service)
+    # Connection limits and time-outs; a site that accepts through it (kapok.node.runner)
+    # makes them real, the in-process test server goes without.
+    guard = app[GUARD] = ConnectionGuard(config)
+    app[REGISTRY].register(guard)
+    app.cleanup_ctx.append(guard_ctx)
     app.cleanup_ctx.append(_service_ctx)
     gossip = None
     if config.cluster.enabled:
@@ -86,7 +105,7 @@ def make_app(config: Config, *, store: Store | None = None, clock: Clock | None 
     app.cleanup_ctx.append(sync.replication_ctx)  # after gossip: the first role may depend on it
     app.on_shutdown.append(_close_connections)
     for table in (compat.routes, compat_console.routes, v1_ws.routes, v1_http.routes, ops.routes,
-                  cluster_view.routes, sync.routes):
-        app.add_routes(table)
+                  cluster_view.routes, sync.routes, openapi.routes):
+        _add_routes(app, table)
     setup_console(app)  # GET / and /console/...
     return app

@@ -18,7 +18,8 @@ from aiohttp import web
 
 from kapok.config import Config, is_loopback
 from kapok.logs import set_node
-from kapok.server.app import make_app, wind_down
+from kapok.node.app import make_app, wind_down
+from kapok.server.guard import GUARD, GuardedSite, tls_context
 from kapok.server.keys import SERVICE
 
 __all__ = ["serve"]
@@ -93,10 +94,12 @@ async def _serve(config: Config) -> None:
     set_node(config.server.node_name)  # the real port is known: every later line names the node
     _warn_plain_traffic(config)
     app = make_app(config)
+    ssl_context = tls_context(config)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
     try:
         await runner.setup()
-        site = web.SockSite(runner, sock, backlog=1024)
+        # Connections are counted and timed from accept (kapok.server.guard).
+        site = GuardedSite(runner, sock, app[GUARD], backlog=1024, ssl_context=ssl_context)
         await site.start()
         service = app[SERVICE]
         # Everything alive now (modules, the recovered state) lives as long as the node:
@@ -159,11 +162,12 @@ def _exit_now(sig: signal.Signals) -> None:
 
 
 def _warn_plain_traffic(config: Config) -> None:
-    """Kapok speaks no TLS: off loopback, say once what travels in clear."""
-    if not is_loopback(config.server.host):
+    """Without ``server.tls_cert``, off loopback, say once what travels in clear."""
+    if not is_loopback(config.server.host) and not config.server.tls_cert:
         log.warning(
             "serving plain HTTP/WebSocket on %s: the secret key and the messages travel unencrypted; "
-            "keep the node on a private network or behind a TLS proxy or VPN", config.server.host,
+            "set server.tls_cert / server.tls_key, or keep the node on a private network or behind "
+            "a TLS proxy or VPN", config.server.host,
         )  # fmt: skip
     cluster = config.cluster
     if cluster.enabled and not is_loopback(cluster.bind.rpartition(":")[0]):
