@@ -120,6 +120,10 @@ class _Publisher(_TurnBatch[Draft]):
                 drafts = []
         if drafts:
             self.handle(drafts)
+        # All of this read is published: written now if cheap (fsync never or interval),
+        # its oks go out on this turn, not two turns later (the round trip's loop turns).
+        self.service.write_now()
+        self.outbox.write_ready()
 
     def handle(self, drafts: list[Draft]) -> None:
         try:

@@ -132,6 +132,11 @@ class ArchiveFeed:
         finally:
             self._restarting = None
 
+    def behind(self) -> bool:
+        """Whether ``drain`` would wait now: the child is more than ``HIGH_WATER`` behind."""
+        pipe = self._pipe
+        return self.alive and pipe is not None and pipe.transport.get_write_buffer_size() > HIGH_WATER
+
     async def drain(self) -> None:
         """Wait while the child is far behind (returns at once when it is not, or is gone)."""
         if self.alive:
