@@ -261,7 +261,7 @@ def _bench_options(command: argparse.ArgumentParser) -> None:
         "--workload",
         action="append",
         metavar="NAME",
-        help="publish, e2e, latency, fanout, clients, backlog, recovery, client or all "
+        help="publish, e2e, latency, roundtrip, fanout, clients, backlog, recovery, client or all "
         "(repeatable; default all); soak (not in all): --minutes of mixed load with a kill -9",
     )
     add("--protocol", default="native", help="native, kapokmq or both (default native)")
@@ -274,6 +274,15 @@ def _bench_options(command: argparse.ArgumentParser) -> None:
         "started beside the node (repeatable; default none)",
     )
     add("--url", help="target this running node (http://host:port) instead of starting one per case")
+    add(
+        "--peer",
+        action="append",
+        metavar="kapokmq=URL",
+        help="also run every case against this KapokMQ server (its HTTP base URL), interleaved with "
+        "Kapok's, and print the ratios",
+    )
+    add("--peer-pid", type=int, help="with --peer: the peer's local PID, to read its CPU and RSS")
+    add("--rounds", type=int, default=1, help="run every case this many times, interleaved (default 1)")
     add("--node-pid", type=int, help="with --url: the node's local PID, to read its CPU and RSS")
     add("--key", default="test", help="the node's mq.secret_key (default test)")
     add("--messages", type=int, default=100_000, help="messages per run (default 100000)")
@@ -287,7 +296,7 @@ def _bench_options(command: argparse.ArgumentParser) -> None:
     )
     add("--prefetch", type=int, default=1000, help="consumer prefetch (default 1000)")
     add("--rate", type=float, default=2000.0, help="latency: messages per second (default 2000)")
-    add("--seconds", type=float, default=10.0, help="latency: duration (default 10)")
+    add("--seconds", type=float, default=10.0, help="latency and roundtrip: duration (default 10)")
     add("--fanout", type=int, default=4, help="fanout: subscribers, each in its own group (default 4)")
     add("--clients", type=int, default=100, help="clients: producers and as many consumers (default 100)")
     add("--backlog", type=int, default=100_000, help="backlog / recovery: messages queued (default 100000)")

@@ -26,12 +26,14 @@ import logging.handlers
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
 
-from kapok.config import DEFAULT_SECRET_KEY, Config
 from kapok.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kapok.config import Config
 
 __all__ = ["HUMAN_FORMAT", "NodeFormatter", "relog", "set_node", "setup_child", "setup_logging"]
 
@@ -46,8 +48,13 @@ class NodeFormatter(logging.Formatter):
         super().__init__(HUMAN_FORMAT)
         self.json = json
         self.node = node
+        kept = {s for s in secrets if s}
+        if kept:  # imported here: the archiver's formatter masks nothing and loads no config
+            from kapok.config import DEFAULT_SECRET_KEY
+
+            kept.discard(DEFAULT_SECRET_KEY)
         # Longest first: a secret that contains another is masked whole.
-        self.secrets = sorted({s for s in secrets if s and s != DEFAULT_SECRET_KEY}, key=len, reverse=True)
+        self.secrets = sorted(kept, key=len, reverse=True)
 
     def format(self, record: logging.LogRecord) -> str:
         record.node = self.node

@@ -12,6 +12,9 @@ KapokMQ (``/Producers/Conn``, ``/Consumers/Conn``):
   * ``CompatConsumer`` does the handshake and acks every pushed message by sending its raw
     ``MessageCode``.
 
+Round trip (both protocols): a producer sends one message, waits for its confirmation in
+the same task (no reply reader: the fewest client-side loop turns), and records the time.
+
 Latency payloads start with ``STAMP_DIGITS`` digits of ``time.monotonic_ns()`` (one clock
 for every process of the machine); the rest is padding up to the payload size.
 """
@@ -176,6 +179,8 @@ class Producer(Protocol):
 
     async def paced(self, n: int, rate: float, deadline: float) -> None: ...
 
+    async def roundtrip(self, n: int, until: float, samples: list[int]) -> None: ...
+
     async def close(self) -> None: ...
 
 
@@ -189,7 +194,16 @@ class Consumer(Protocol):
 
 class _ProducerBase:
     def __init__(
-        self, ws_url: str, key: str, topic: str, name: str, size: int, window: int, gauge: Gauge
+        self,
+        ws_url: str,
+        key: str,
+        topic: str,
+        name: str,
+        size: int,
+        window: int,
+        gauge: Gauge,
+        *,
+        reader: bool = True,
     ) -> None:
         self.ws_url = ws_url
         self.key = key
@@ -199,10 +213,12 @@ class _ProducerBase:
         self.window = Window(window, gauge)
         self.ws: Any = None
         self._reader: asyncio.Task[None] | None = None
+        self._read_replies = reader  # False: ``roundtrip`` reads each reply itself
         self._closing = False
 
     def _start_reader(self) -> None:
-        self._reader = asyncio.get_running_loop().create_task(self._read())
+        if self._read_replies:
+            self._reader = asyncio.get_running_loop().create_task(self._read())
 
     async def _read(self) -> None:
         try:
@@ -224,6 +240,29 @@ class _ProducerBase:
     async def _send_stamped(self, due: int, pad: str) -> int:
         """Send some of the ``due`` messages, each stamped with the send time; returns how many."""
         raise NotImplementedError
+
+    async def _send_one(self) -> None:
+        """Send one message of ``size`` bytes (a frame built once and reused)."""
+        raise NotImplementedError
+
+    async def roundtrip(self, n: int, until: float, samples: list[int]) -> None:
+        """One message in flight: send it, read replies until it is confirmed, record the
+        time from send to confirmation (ns); until ``n`` are confirmed or ``until`` passes."""
+        window, ws = self.window, self.ws
+        clock = time.monotonic_ns
+        end_ns = int(until * 1e9)
+        while window.confirmed < n:
+            t0 = clock()
+            if t0 >= end_ns:
+                break
+            window.used += 1
+            await self._send_one()
+            while window.used:
+                msg = await ws.receive()
+                if msg.type not in _DATA:
+                    raise _closed(ws, "producer")
+                self._reply(msg.data)
+            samples.append(clock() - t0)
 
     async def paced(self, n: int, rate: float, deadline: float) -> None:
         pad = padding(self.size, True)
@@ -251,6 +290,7 @@ class NativeProducer(_ProducerBase):
     def __init__(self, *args: Any, batch: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.batch = max(1, batch)
+        self._one: bytes | None = None
 
     async def connect(self, session: aiohttp.ClientSession) -> None:
         self.ws = await _native_connect(session, self.ws_url, self.key, self.name)
@@ -285,9 +325,17 @@ class NativeProducer(_ProducerBase):
         await self.ws.send_bytes(self._frame(k, partial(_stamp, pad)))
         return k
 
+    async def _send_one(self) -> None:
+        if self._one is None:
+            body = padding(self.size, False)
+            self._one = self._frame(1, lambda: body)
+        await self.ws.send_bytes(self._one)
+
 
 class CompatProducer(_ProducerBase):
     """KapokMQ producer: one ``{"MessageData", "DelayTime"}`` frame per message, ``ok`` each."""
+
+    _one: str | None = None
 
     async def connect(self, session: aiohttp.ClientSession) -> None:
         url = f"{self.ws_url}/Producers/Conn/{self.topic}/{self.name}"
@@ -300,13 +348,21 @@ class CompatProducer(_ProducerBase):
             return
         raise BenchError(f"node refused a message: {str(data)[:200]}")
 
+    def _message(self) -> str:
+        return orjson.dumps({"MessageData": padding(self.size, False), "DelayTime": 0}).decode()
+
     async def burst(self, n: int) -> None:
-        frame = orjson.dumps({"MessageData": padding(self.size, False), "DelayTime": 0}).decode()
+        frame = self._message()
         take, send = self.window.take, self.ws.send_str
         for _ in range(n):
             await take(1)
             await send(frame)
         await self.window.drain()
+
+    async def _send_one(self) -> None:
+        if self._one is None:
+            self._one = self._message()
+        await self.ws.send_str(self._one)
 
     async def _send_stamped(self, due: int, pad: str) -> int:
         await self.window.take(1)

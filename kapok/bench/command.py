@@ -14,6 +14,7 @@ from kapok import __version__
 from kapok.bench.harness import Options, Progress
 from kapok.bench.report import Row, document, format_table
 from kapok.bench.runner import run
+from kapok.bench.summary import format_summary, summarize
 from kapok.bench.workloads import LONG_WORKLOADS, WORKLOADS
 from kapok.errors import ConfigError
 
@@ -40,7 +41,17 @@ def _expand(
 
 
 def options_from_args(args: argparse.Namespace) -> Options:
-    for name in ("messages", "size", "batch", "inflight", "prefetch", "fanout", "clients", "backlog"):
+    for name in (
+        "messages",
+        "size",
+        "batch",
+        "inflight",
+        "prefetch",
+        "fanout",
+        "clients",
+        "backlog",
+        "rounds",
+    ):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name} must be at least 1")
     for name in ("rate", "seconds", "timeout", "minutes"):
@@ -69,7 +80,29 @@ def options_from_args(args: argparse.Namespace) -> Options:
         minutes=args.minutes,
         sets=tuple(args.overrides),
         replicas=_replicas(args),
+        rounds=args.rounds,
+        peers=_peers(args),
+        peer_pid=args.peer_pid,
     )
+
+
+PEER_KINDS = ("kapokmq",)
+
+
+def _peers(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    peers: list[tuple[str, str]] = []
+    for value in args.peer or []:
+        kind, sep, url = value.partition("=")
+        if not sep or kind not in PEER_KINDS:
+            raise ConfigError(f"--peer must be kapokmq=URL (a KapokMQ server's HTTP base URL), got {value!r}")
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"--peer {kind}: the URL must start with http:// or https://, got {url!r}")
+        if any(kind == name for name, _ in peers):
+            raise ConfigError(f"--peer {kind} given twice")
+        peers.append((kind, url.rstrip("/")))
+    if args.peer_pid is not None and not peers:
+        raise ConfigError("--peer-pid needs --peer")
+    return tuple(peers)
 
 
 def _replicas(args: argparse.Namespace) -> tuple[str, ...]:
@@ -81,9 +114,12 @@ def _replicas(args: argparse.Namespace) -> tuple[str, ...]:
 
 def _summary(options: Options, date: str) -> str:
     target = options.url or "a fresh local node per case"
+    peers = "".join(f", against {name} at {url}" for name, url in options.peers)
+    rounds = f", {options.rounds} interleaved rounds" if options.rounds > 1 else ""
     return (
-        f"kapok bench {__version__}, {date}, {target}: N={options.messages:,}, {options.size} B payloads, "
-        f"batch {options.batch} × {options.inflight} in flight, prefetch {options.prefetch}"
+        f"kapok bench {__version__}, {date}, {target}{peers}{rounds}: N={options.messages:,}, "
+        f"{options.size} B payloads, batch {options.batch} × {options.inflight} in flight, "
+        f"prefetch {options.prefetch}"
     )
 
 
@@ -92,12 +128,19 @@ def run_command(args: argparse.Namespace) -> int:
     date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     progress = Progress()
     rows: list[Row] = run(options, progress)
+    summary = summarize(rows)
     if args.json:
         opts: dict[str, Any] = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(options).items()}
-        print(json.dumps(document(rows, opts, __version__, date), indent=1))
+        doc = document(rows, opts, __version__, date)
+        doc["summary"] = summary
+        print(json.dumps(doc, indent=1))
     else:
         print(_summary(options, date))
         print()
         print(format_table(rows))
+        medians = format_summary(summary)
+        if medians:
+            print()
+            print(medians)
     sys.stdout.flush()
     return 0 if rows and all(row.ok for row in rows) else 1

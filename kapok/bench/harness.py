@@ -51,6 +51,9 @@ class Options:
     minutes: float = 10.0  # soak: how long the mixed load runs
     sets: tuple[str, ...] = ()
     replicas: tuple[str, ...] = ("none",)  # none, async, sync: a slave started beside each node
+    rounds: int = 1  # every case this many times, interleaved (medians in the summary)
+    peers: tuple[tuple[str, str], ...] = ()  # (name, HTTP URL): KapokMQ servers run beside Kapok
+    peer_pid: int | None = None  # the peer's local PID, for its CPU and RSS
 
 
 class Progress:
@@ -119,6 +122,7 @@ class Harness:
         self.nonce = secrets.token_hex(3)
         self.deadline = 0.0
         self.label = ""
+        self.round = 1
 
     def begin(self, label: str) -> None:
         """A new case: its label and the deadline every wait of it is bounded by."""
@@ -127,7 +131,9 @@ class Harness:
         self.progress.show(f"{label}: starting", force=True)
 
     def topic(self, workload: str) -> str:
-        return f"bench_{workload}_{self.nonce}"
+        """A topic of its own per workload and round (a peer or a ``--url`` node keeps them)."""
+        suffix = f"_r{self.round}" if self.round > 1 else ""
+        return f"bench_{workload}_{self.nonce}{suffix}"
 
     def node_sets(self) -> list[str]:
         """``--set`` overrides of every node the bench starts (the user's ``--set`` win)."""
@@ -228,7 +234,7 @@ class Harness:
             raise CaseFailed(f"timed out after {self.options.timeout:.0f} s: {', '.join(parts)}")
 
     def row(self, workload: str, protocol: str, node: Node, run: RoleRun | None, **fields: Any) -> Row:
-        row = Row(workload=workload, protocol=protocol, fsync=node.fsync, **fields)
+        row = Row(workload=workload, protocol=protocol, fsync=node.fsync, round=self.round, **fields)
         if run is not None:
             row.node_cpu_s = run.node_cpu_s
             row.node_rss_bytes = run.rss_after

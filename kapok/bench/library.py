@@ -66,5 +66,18 @@ class LibraryProducer:
         await self.producer.flush()
         self._done(before)
 
+    async def roundtrip(self, n: int, until: float, samples: list[int]) -> None:
+        before = self.producer.stats.confirmed
+        body = padding(self.size, False)
+        clock = time.monotonic_ns
+        end_ns = int(until * 1e9)
+        for _ in range(n):
+            t0 = clock()
+            if t0 >= end_ns:
+                break
+            await self.producer.publish(body)
+            samples.append(clock() - t0)
+        self._done(before)
+
     async def close(self) -> None:
         await self.producer.close(timeout_s=5.0)

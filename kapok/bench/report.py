@@ -37,6 +37,8 @@ class Row:
     workload: str
     protocol: str
     fsync: str
+    system: str = "kapok"  # or a peer's name (``--peer``)
+    round: int = 1
     ok: bool = True
     variant: str = ""
     error: str = ""
@@ -101,9 +103,16 @@ def _cells(row: Row) -> list[str]:
 
 
 def format_table(rows: Iterable[Row], *, markdown: bool = True) -> str:
-    """A Markdown table (readable as plain text too), one line per row."""
-    header = [*COLUMNS, "notes"]
-    body = [_cells(row) for row in rows]
+    """A Markdown table (readable as plain text too), one line per row; the system and
+    round columns appear when there is more than one of them (``--peer``, ``--rounds``)."""
+    rows = list(rows)
+    systems = any(row.system != "kapok" for row in rows)
+    rounds = any(row.round > 1 for row in rows)
+    header = [*(["system"] if systems else []), *(["round"] if rounds else []), *COLUMNS, "notes"]
+    body = [
+        [*([row.system] if systems else []), *([str(row.round)] if rounds else []), *_cells(row)]
+        for row in rows
+    ]
     if markdown:
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(cells) + " |" for cells in body]

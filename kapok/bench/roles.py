@@ -56,6 +56,7 @@ class RoleSpec:
     window: int = 1000  # unconfirmed messages per producer connection
     prefetch: int = 1000
     rate: float = 0.0  # producer: msg/s for a paced (latency) run; 0 = as fast as the window allows
+    roundtrip: float = 0.0  # producer: seconds of one message in flight at a time (0 = not a round trip)
     fanout: bool = False  # consumer: every connection gets every message (own group each)
     group_prefix: str = ""  # consumer, native fanout: group names
     latency: bool = False  # consumer: record end-to-end latency from the payload's stamp
@@ -113,9 +114,13 @@ async def _produce(
                 *common, protocol=spec.protocol, batch=spec.batch, inflight=inflight, gauge=gauge
             ))  # fmt: skip
         elif spec.protocol == "native":
-            producers.append(NativeProducer(*common, window=spec.window, gauge=gauge, batch=spec.batch))
+            producers.append(NativeProducer(
+                *common, window=spec.window, gauge=gauge, batch=spec.batch, reader=not spec.roundtrip
+            ))  # fmt: skip
         else:
-            producers.append(CompatProducer(*common, window=spec.window, gauge=gauge))
+            producers.append(
+                CompatProducer(*common, window=spec.window, gauge=gauge, reader=not spec.roundtrip)
+            )
     result: dict[str, Any] = {"timed_out": False}
     try:
         async with asyncio.timeout(_remaining(spec)):
@@ -123,9 +128,16 @@ async def _produce(
         queue.put(("ready", spec.role, None))
         cpu0 = time.process_time()
         t0 = time.monotonic()
+        samples: list[int] = []
         try:
             async with asyncio.timeout(_remaining(spec)):
-                if spec.rate > 0:
+                if spec.roundtrip > 0:
+                    until = min(spec.deadline, t0 + spec.roundtrip)
+                    shares = _shares(spec.messages, len(producers))
+                    await asyncio.gather(
+                        *(p.roundtrip(n, until, samples) for p, n in zip(producers, shares, strict=True))
+                    )
+                elif spec.rate > 0:
                     await asyncio.gather(
                         *(p.paced(spec.messages, spec.rate, spec.deadline) for p in producers)
                     )
@@ -141,6 +153,8 @@ async def _produce(
             confirmed=sum(p.window.confirmed for p in producers),
             cpu_s=time.process_time() - cpu0,
         )
+        if spec.roundtrip > 0:
+            result.update(percentiles(samples), samples=len(samples))
         return result
     finally:
         for p in producers:

@@ -1,5 +1,7 @@
-"""Run the matrix fsync policy × replica × workload × protocol, one fresh node per case
-(and, with a replica mode, a fresh slave following it, caught up before the load starts)."""
+"""Run the matrix round × workload × fsync policy × replica × protocol, one fresh node per
+case (and, with a replica mode, a fresh slave following it, caught up before the load
+starts); with ``--peer``, each workload of each round also runs against the peer right
+after Kapok's cases of it, so both see the same minutes of a shared machine."""
 
 from __future__ import annotations
 
@@ -14,17 +16,59 @@ from kapok.launch import get_json
 __all__ = ["run"]
 
 
+# What a KapokMQ peer cannot run: recovery needs a node the bench starts; KapokMQ sets
+# pub/sub per node, not per topic (fanout); client measures Kapok's client library.
+PEER_SKIPS = {"recovery", "fanout", "client"}
+
+
 def run(options: Options, progress: Progress) -> list[Row]:
     harness = Harness(options, progress)
     rows: list[Row] = []
     fsyncs = options.fsyncs if options.url is None else ("-",)
-    for fsync in fsyncs:
-        for replica in options.replicas:
-            for workload in options.workloads:
-                for protocol in options.protocols:
-                    rows += _case(harness, workload, protocol, fsync, replica)
+    for round_no in range(1, options.rounds + 1):
+        harness.round = round_no
+        for workload in options.workloads:
+            for fsync in fsyncs:
+                for replica in options.replicas:
+                    for protocol in options.protocols:
+                        rows += _mark(_case(harness, workload, protocol, fsync, replica), "kapok", round_no)
+            for name, url in options.peers:
+                rows += _mark(_peer_case(harness, workload, name, url), name, round_no)
     progress.clear()
     return rows
+
+
+def _mark(rows: list[Row], system: str, round_no: int) -> list[Row]:
+    for row in rows:
+        row.system, row.round = system, round_no
+    return rows
+
+
+def _peer_case(h: Harness, workload: str, name: str, url: str) -> list[Row]:
+    label = f"{workload} {name} (peer)"
+    if workload in PEER_SKIPS:
+        if h.round == 1:
+            h.progress.line(f"kapok bench: {label}: skipped (runs against Kapok only)")
+        return []
+    h.begin(label)
+    try:
+        rows = WORKLOADS[workload](h, RemoteNode(url, h.options.peer_pid), "kapokmq")
+    except Exception as exc:
+        return [_failed(h, label, workload, "kapokmq", "-", exc)]
+    for row in rows:
+        h.progress.done(f"kapok bench: {name} {row.label()}: {_headline(row)}")
+    return rows
+
+
+def _failed(h: Harness, label: str, workload: str, protocol: str, fsync: str, exc: Exception) -> Row:
+    message = str(exc) if isinstance(exc, CaseFailed) else f"{type(exc).__name__}: {exc}"
+    message = " ".join(message.split())
+    h.progress.line(f"kapok bench: {label}: FAILED: {message}")
+    return Row(workload=workload, protocol=protocol, fsync=fsync, ok=False, error=message)
+
+
+def _headline(row: Row) -> str:
+    return f"{row.msgs_per_s:,.0f} msg/s" if row.msgs_per_s is not None else row.notes
 
 
 def _case(h: Harness, workload: str, protocol: str, fsync: str, replica: str) -> list[Row]:
@@ -52,10 +96,7 @@ def _case(h: Harness, workload: str, protocol: str, fsync: str, replica: str) ->
                 slave = _start_slave(h, node, fsync, replica)
         rows = WORKLOADS[workload](h, node, protocol)
     except Exception as exc:  # one failed case is a row, the others still run
-        message = str(exc) if isinstance(exc, CaseFailed) else f"{type(exc).__name__}: {exc}"
-        message = " ".join(message.split())
-        h.progress.line(f"kapok bench: {label}: FAILED: {message}")
-        failed = Row(workload=workload, protocol=protocol, fsync=fsync, ok=False, error=message)
+        failed = _failed(h, label, workload, protocol, fsync, exc)
         failed.variant = slave_note
         return [failed]
     finally:
@@ -66,8 +107,7 @@ def _case(h: Harness, workload: str, protocol: str, fsync: str, replica: str) ->
     for row in rows:
         row.variant = ", ".join(v for v in (row.variant, slave_note) if v)
     for row in rows:
-        rate = f"{row.msgs_per_s:,.0f} msg/s" if row.msgs_per_s is not None else row.notes
-        h.progress.done(f"kapok bench: {row.label()}: {rate}")
+        h.progress.done(f"kapok bench: {row.label()}: {_headline(row)}")
     return rows
 
 

@@ -8,6 +8,9 @@ e2e       that producer plus one manual-ack consumer (subscribed first).
 latency   the producer paced at ``--rate`` msg/s for ``--seconds`` (native: the messages due
           at each 1 ms tick in one frame; KapokMQ: one frame each), a monotonic-ns stamp in
           the payload; the consumer acks each and records arrival − stamp. p50/p99/max ms.
+roundtrip one producer with one message in flight for ``--seconds`` (at most ``--messages``):
+          send it, wait for its confirmation (``puback`` / ``ok``), send the next.
+          p50/p99/max ms of send → confirmation; msgs/s = confirmed / elapsed.
 fanout    ``--fanout`` K subscribers, each in its own group (native: named groups; KapokMQ:
           a pub/sub topic), each must receive every message. msgs/s = deliveries
           (K × N) / (last consumed − first published).
@@ -100,6 +103,18 @@ def latency(h: Harness, node: Node, protocol: str) -> list[Row]:
     row.msgs_per_s = _rate(p["confirmed"], p["t0"], p["t1"])
     row.p50_ms, row.p99_ms, row.max_ms = c.get("p50_ms"), c.get("p99_ms"), c.get("max_ms")
     row.notes = f"paced at {o.rate:,.0f} msg/s for {o.seconds:g} s"
+    return [row]
+
+
+def roundtrip(h: Harness, node: Node, protocol: str) -> list[Row]:
+    o = h.options
+    spec = h.spec("producer", protocol, node, h.topic("roundtrip"), messages=o.messages, roundtrip=o.seconds)
+    run = h.run_roles(node, spec)
+    p = run.producer
+    row = h.row("roundtrip", protocol, node, run, messages=p["confirmed"], wall_s=p["t1"] - p["t0"])
+    row.msgs_per_s = _rate(p["confirmed"], p["t0"], p["t1"])
+    row.p50_ms, row.p99_ms, row.max_ms = p.get("p50_ms"), p.get("p99_ms"), p.get("max_ms")
+    row.notes = f"one message in flight for {o.seconds:g} s; send → confirmation"
     return [row]
 
 
@@ -240,6 +255,7 @@ WORKLOADS: dict[str, Workload] = {
     "publish": publish,
     "e2e": e2e,
     "latency": latency,
+    "roundtrip": roundtrip,
     "fanout": fanout,
     "clients": clients,
     "backlog": backlog,

@@ -3,9 +3,27 @@
 Nothing in this package may import asyncio, socket, aiohttp, time or random
 (``tests/unit/test_purity.py`` checks it), so the same rules run under the
 server, under a replaying WAL and under the tests' manual clock.
+
+The names below load on first use: a process that needs only ``kapok.core.changes``
+(the archiver) does not import the broker.
 """
 
-from kapok.core.broker import Broker, Draft, Stats
-from kapok.core.model import Consumer, Entry, Message, Status
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kapok.core.broker import Broker, Draft, Stats
+    from kapok.core.model import Consumer, Entry, Message, Status
 
 __all__ = ["Broker", "Consumer", "Draft", "Entry", "Message", "Stats", "Status"]
+
+_HOMES = {"Broker": "broker", "Draft": "broker", "Stats": "broker"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"kapok.core.{_HOMES.get(name, 'model')}"), name)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import orjson
@@ -85,16 +86,44 @@ class _Publisher(_TurnBatch[Draft]):
     rate) is retried frame by frame, which gives every frame the answer it would have had
     alone."""
 
-    def __init__(self, service: BrokerService, outbox: Outbox, limit: int) -> None:
+    def __init__(
+        self, service: BrokerService, outbox: Outbox, limit: int, topic: str, producer_id: str
+    ) -> None:
         super().__init__(limit)
         self.service = service
         self.outbox = outbox
+        self.topic = topic
+        self.producer_id = producer_id
 
     def error(self, kind: str, message: str) -> None:
         """Reply with an error to a frame that was not a message (after the frames before it)."""
         self.flush()
         self.service.count_bad_input(kind)
         self.outbox.send(compat_error(message))
+
+    def feed(self, texts: list[str]) -> None:
+        """The text frames of one socket read (``FastTexts``), published at once."""
+        self.flush()  # frames collected before, by the slow path, go first
+        topic, producer_id, limit = self.topic, self.producer_id, self.limit
+        drafts: list[Draft] = []
+        for text in texts:
+            try:
+                drafts.append(compat_draft(text, topic, producer_id))
+            except KapokError as exc:
+                if drafts:
+                    self.handle(drafts)
+                    drafts = []
+                self.error("compat_producer_frame", exc.message)
+                continue
+            if len(drafts) >= limit:
+                self.handle(drafts)
+                drafts = []
+        if drafts:
+            self.handle(drafts)
+        # All of this read is published: written now if cheap (fsync never or interval),
+        # its oks go out on this turn, not two turns later (the round trip's loop turns).
+        self.service.write_now()
+        self.outbox.write_ready()
 
     def handle(self, drafts: list[Draft]) -> None:
         try:
@@ -121,18 +150,43 @@ def _refusal(exc: KapokError) -> bytes:
     return compat_error(exc.message)
 
 
+def _direct(
+    ws: web.WebSocketResponse, outbox: Outbox, handler: Callable[[list[str]], None]
+) -> Callable[[], None]:
+    """What the read loop calls after each message it handled (and once before): text
+    frames go straight to ``handler`` again once nothing waits in aiohttp's queue
+    (``kapok.server.wsfast``); a no-op on a socket aiohttp reads itself."""
+    fast = getattr(ws, "fast", None)
+    if fast is None:
+        return lambda: None
+
+    def direct() -> None:
+        if not fast.direct:
+            fast.go_direct(handler, lambda: outbox.full, outbox.wait_writable)
+
+    return direct
+
+
+def _stop(ws: web.WebSocketResponse) -> None:
+    fast = getattr(ws, "fast", None)
+    if fast is not None:
+        fast.stop()
+
+
 @routes.get("/Producers/Conn/{topic}/{producer_id}")
 async def producer_ws(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     topic = request.match_info["topic"]
     producer_id = client_label(request.match_info["producer_id"], "producer id")
-    async with open_ws(request, text=True, handshake=True) as (ws, outbox):
+    async with open_ws(request, text=True, handshake=True, fast=True) as (ws, outbox):
         if not await compat_handshake(ws, request):
             return ws
         info = ClientInfo(producer_id, _client_ip(request), service.now(), "kapokmq", published={topic})
         client = service.add_client(info)
-        publisher = _Publisher(service, outbox, service.config.server.max_batch)
+        publisher = _Publisher(service, outbox, service.config.server.max_batch, topic, producer_id)
+        direct = _direct(ws, outbox, publisher.feed)
         try:
+            direct()
             async for msg in messages(ws):
                 if outbox.full:
                     await outbox.wait_writable()
@@ -141,14 +195,14 @@ async def producer_ws(request: web.Request) -> web.StreamResponse:
                         "compat_binary_frame",
                         "frames must be text: a JSON object with MessageData and DelayTime",
                     )
-                    continue
-                try:
-                    draft = compat_draft(msg.data, topic, producer_id)
-                except KapokError as exc:
-                    publisher.error("compat_producer_frame", exc.message)
-                    continue
-                publisher.add(draft)
+                else:
+                    try:
+                        publisher.add(compat_draft(msg.data, topic, producer_id))
+                    except KapokError as exc:
+                        publisher.error("compat_producer_frame", exc.message)
+                direct()
         finally:
+            _stop(ws)
             publisher.flush()
             service.remove_client(client)
     return ws
@@ -169,7 +223,7 @@ async def consumer_ws(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     topic = request.match_info["topic"]
     consumer_id = request.match_info["consumer_id"]
-    async with open_ws(request, text=True, handshake=True) as (ws, outbox):
+    async with open_ws(request, text=True, handshake=True, fast=True) as (ws, outbox):
         if not await compat_handshake(ws, request):
             return ws
         try:
@@ -186,13 +240,17 @@ async def consumer_ws(request: web.Request) -> web.StreamResponse:
         info = ClientInfo(consumer_id, ip, service.now(), "kapokmq", subscriptions={consumer.id})
         client = service.add_client(info)
         acker = _Acker(service, consumer.id, service.config.server.max_batch)
+        direct = _direct(ws, outbox, acker.feed)
         try:
+            direct()
             async for msg in messages(ws):
                 if msg.type is WSMsgType.TEXT:
                     acker.add(msg.data.strip())
                 else:
                     acker.bad("compat_binary_frame")
+                direct()
         finally:
+            _stop(ws)
             acker.flush()  # what the consumer acked before leaving is not requeued
             service.remove_client(client)
             service.unsubscribe(consumer.id)
@@ -209,6 +267,11 @@ class _Acker(_TurnBatch[str]):
         self.service = service
         self.consumer_id = consumer_id
         self._warned = False
+
+    def feed(self, texts: list[str]) -> None:
+        """The text frames of one socket read (``FastTexts``), acked at once."""
+        self.flush()  # acks collected before, by the slow path, go first
+        self.handle([text.strip() for text in texts])
 
     def handle(self, codes: list[str]) -> None:
         for _ in self.service.ack(self.consumer_id, codes):

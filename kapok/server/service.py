@@ -176,6 +176,11 @@ class BrokerService:
         codes = self.broker.publish(drafts, self.now())
         return codes, self._settle()
 
+    def write_now(self) -> None:
+        """The caller has published all a socket read brought: have the store write it now,
+        if cheap, so that its confirmations can go out on this turn (``Store.write_now``)."""
+        self.store.write_now()
+
     def check_active(self) -> None:
         """Raise when this node takes no clients now (see ``gate``)."""
         if self.gate is not None:

@@ -14,6 +14,7 @@ from kapok.server.conntable import ConnState
 from kapok.server.guard import set_state
 from kapok.server.keys import CONNECTIONS, SERVICE
 from kapok.server.outbox import Outbox
+from kapok.server.wsfast import FastResponse
 from kapok.server.wsmask import require_masked_frames
 
 __all__ = ["CLOSE_TIMEOUT_S", "frame_limit", "messages", "open_ws"]
@@ -31,11 +32,12 @@ def frame_limit(max_message_bytes: int, max_batch: int) -> int:
 
 @contextlib.asynccontextmanager
 async def open_ws(
-    request: web.Request, *, text: bool, handshake: bool = False
+    request: web.Request, *, text: bool, handshake: bool = False, fast: bool = False
 ) -> AsyncIterator[tuple[web.WebSocketResponse, Outbox]]:
     """Upgrade, register the socket and its outbox, and always tear both down. With
     ``handshake`` the key is still to come in-band (KapokMQ): the connection stays
-    untrusted, with a deadline, until ``compat_handshake`` accepts it."""
+    untrusted, with a deadline, until ``compat_handshake`` accepts it. With ``fast`` the
+    response is a ``FastResponse`` (text frames straight to the route)."""
     app = request.app
     service = app[SERVICE]
     cfg = service.config
@@ -43,7 +45,7 @@ async def open_ws(
     connections = app[CONNECTIONS]
     if len(connections) >= cfg.server.max_connections:
         raise TooManyConnectionsError(f"the node already has {len(connections)} connections")
-    ws = web.WebSocketResponse(
+    ws = (FastResponse if fast else web.WebSocketResponse)(
         timeout=CLOSE_TIMEOUT_S,
         heartbeat=cfg.server.heartbeat_s,
         max_msg_size=frame_limit(cfg.mq.max_message_bytes, cfg.server.max_batch),
@@ -51,7 +53,8 @@ async def open_ws(
         decode_text=text,
     )
     writer = await ws.prepare(request)
-    require_masked_frames(request, ws)
+    if getattr(ws, "fast", None) is None:  # a FastResponse's own reader fails unmasked frames (1002)
+        require_masked_frames(request, ws)
     set_state(request, ConnState.HANDSHAKE if handshake else ConnState.OPEN)
     transport = request.transport
     if transport is None:  # the peer left during the upgrade

@@ -1,9 +1,11 @@
 """RFC 6455 §5.1: a server must fail the connection when a client frame is not masked.
 
 aiohttp's frame reader unmasks what is masked and takes the rest as it is. ``MaskCheck``
-walks the frame headers of the byte stream (pure: no I/O) so that the WebSocket driver
-can close a connection on its first unmasked frame with 1002 (protocol error). It reads
-only headers, skipping payloads by their length, so it costs little per frame.
+walks the frame headers of the byte stream (pure: no I/O; the header layout is
+``wsframes.frame_extent``) so that the WebSocket driver can close a connection on its
+first unmasked frame with 1002 (protocol error). It reads only headers, skipping payloads
+by their length, so it costs little per frame. Sockets read by ``wsfast`` need none of
+this: ``wsframes.ClientFrames`` parses every frame and enforces §5.1 itself.
 
 ``require_masked_frames`` puts it in front of aiohttp's reader of one connection. That
 leans on two private names of aiohttp 3.x (the protocol's payload parser and the
@@ -17,6 +19,8 @@ from typing import Any
 
 from aiohttp import WSCloseCode, web
 from aiohttp.http_websocket import WebSocketError
+
+from kapok.server.wsframes import frame_extent
 
 __all__ = ["MaskCheck", "require_masked_frames"]
 
@@ -52,20 +56,14 @@ class MaskCheck:
             if end - pos < 2:
                 self._head = data[pos:]
                 break
-            second = data[pos + 1]
-            if not second & 0x80:
+            if not data[pos + 1] & 0x80:
                 self.ok = False
                 return False
-            length = second & 0x7F
-            size = 2 + (2 if length == 126 else 8 if length == 127 else 0) + 4
-            if end - pos < size:
+            head, length = frame_extent(data, pos)
+            if length < 0:
                 self._head = data[pos:]
                 break
-            if length == 126:
-                length = int.from_bytes(data[pos + 2 : pos + 4], "big")
-            elif length == 127:
-                length = int.from_bytes(data[pos + 2 : pos + 10], "big")
-            pos += size
+            pos += head
             skip = length
         self._skip = skip
         return True

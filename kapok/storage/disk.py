@@ -191,6 +191,9 @@ class DiskStore:
     def append(self, changes: Sequence[Change]) -> asyncio.Future[None] | None:
         return self.wal.append(changes)
 
+    def write_now(self) -> None:
+        self.wal.write_now()
+
     # ------------------------------------------------------------ snapshots
 
     async def _snapshot_loop(self) -> None:

@@ -34,6 +34,11 @@ class Store(Protocol):
 
     def append(self, changes: Sequence[Change]) -> asyncio.Future[None] | None: ...
 
+    def write_now(self) -> None:
+        """Write what was appended so far now, if that costs little (``WriteAheadLog.write_now``):
+        a caller that has appended all it has for this turn says so. A hint only."""
+        ...
+
     def stats(self) -> dict[str, float]:
         """Figures for /metrics, by name: a name ending in ``_total`` is a counter (it only
         grows while the node runs), any other a gauge."""
@@ -51,6 +56,9 @@ class MemoryStore:
         return None
 
     def append(self, changes: Sequence[Change]) -> asyncio.Future[None] | None:
+        return None
+
+    def write_now(self) -> None:
         return None
 
     def stats(self) -> dict[str, float]:

@@ -9,16 +9,18 @@ from pathlib import Path
 
 import pytest
 
+from kapok.launch import start_node
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _bench(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "kapok", "bench", *args],
-        cwd=tmp_path,
+        cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         check=False,
     )
 
@@ -26,7 +28,7 @@ def bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_bench_publish_and_e2e_both_protocols(tmp_path: Path) -> None:
     args = ["--workload", "publish", "--workload", "e2e", "--messages", "2000"]
     args += ["--protocol", "both", "--fsync", "never", "--json", "--timeout", "90"]
-    proc = bench(tmp_path, *args)
+    proc = _bench(tmp_path, *args)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     rows = {(r["workload"], r["protocol"]): r for r in doc["rows"]}
@@ -41,22 +43,62 @@ def test_bench_publish_and_e2e_both_protocols(tmp_path: Path) -> None:
 
 
 def test_bench_rejects_an_unknown_workload(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "kapok", "bench", "--workload", "nope"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = _bench(tmp_path, "--workload", "nope", timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.startswith("kapok: error: unknown workload 'nope'")
+
+
+def test_bench_roundtrip_and_peer_mode(tmp_path: Path) -> None:
+    """The round-trip workload for both protocols, and ``--peer`` with a Kapok node standing in
+    for the KapokMQ server (CI has no Go): every case runs against both, in two interleaved
+    rounds, and the summary sets medians side by side."""
+    peer = start_node(tmp_path / "peer", "storage.fsync=never")
+    try:
+        args = ["--workload", "roundtrip", "--workload", "e2e", "--messages", "1000", "--seconds", "1"]
+        args += ["--protocol", "both", "--fsync", "never", "--rounds", "2", "--json", "--timeout", "90"]
+        args += ["--peer", f"kapokmq={peer.url}", "--peer-pid", str(peer.pid)]
+        proc = _bench(tmp_path, *args)
+    finally:
+        peer.stop()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    rows = doc["rows"]
+    for row in rows:
+        assert row["ok"] is True, row["error"]
+        assert row["msgs_per_s"] > 0
+        assert row["node_rss_bytes"] > 0
+    got = sorted((r["round"], r["workload"], r["system"], r["protocol"]) for r in rows)
+    want = [
+        (n, w, s, p)
+        for n in (1, 2)
+        for w in ("e2e", "roundtrip")
+        for s, p in (("kapok", "native"), ("kapok", "kapokmq"), ("kapokmq", "kapokmq"))
+    ]
+    assert got == sorted(want)
+    # Rounds interleave: the peer's case of a workload follows Kapok's of it, round by round.
+    order = [(r["round"], r["workload"], r["system"]) for r in rows]
+    assert order.index((1, "e2e", "kapokmq")) < order.index((2, "e2e", "kapok"))
+    for row in rows:
+        if row["workload"] == "roundtrip":
+            assert row["p50_ms"] > 0 and row["p99_ms"] >= row["p50_ms"]
+            assert row["messages"] >= 1
+    ratios = {(r["workload"], r["kapok"]): r for r in doc["summary"]["ratios"]}
+    assert set(ratios) == {
+        (w, f"kapok {p} fsync=never") for w in ("e2e", "roundtrip") for p in ("native", "kapokmq")
+    }
+    for ratio in ratios.values():
+        assert ratio["peer"] == "kapokmq"
+        assert ratio["msgs_per_s"] > 0
+    assert all(
+        ratios[("roundtrip", k)]["p99_ms"] > 0
+        for k in ("kapok native fsync=never", "kapok kapokmq fsync=never")
+    )
 
 
 def test_soak_smoke_loses_nothing_through_a_kill(tmp_path: Path) -> None:
     """A few seconds of the soak workload: both protocols, reconnects, nacks, kill -9 and
     restart at half time; every confirmed message is delivered (the full run is 10 minutes)."""
-    proc = bench(tmp_path, "--workload", "soak", "--minutes", "0.2", "--rate", "500", "--fsync", "never",
+    proc = _bench(tmp_path, "--workload", "soak", "--minutes", "0.2", "--rate", "500", "--fsync", "never",
                  "--json")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     (row,) = json.loads(proc.stdout)["rows"]

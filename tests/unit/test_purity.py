@@ -54,7 +54,7 @@ def test_pure_module_pulls_in_no_io(module: str) -> None:
 
 def test_the_core_loads_no_other_layer() -> None:
     # The core is the bottom layer: drivers import it, never the other way round.
-    code = "import sys, kapok.core; print(' '.join(sorted(m for m in sys.modules if m.startswith('kapok.'))))"
+    code = "import sys, kapok.core.broker; print(' '.join(m for m in sys.modules if m.startswith('kapok.')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = out.stdout.split()
     assert "kapok.core.broker" in loaded
@@ -96,3 +96,13 @@ def test_a_layer_loads_none_above_it(package: str, above: tuple[str, ...]) -> No
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = [m for m in out.stdout.split() if m.startswith(above)]
     assert loaded == [], f"{package} loads {loaded}"
+
+
+def test_the_archiver_process_loads_no_broker_no_config_no_asyncio() -> None:
+    # Its RSS is part of the node's (a process per node): it needs the record codec and the
+    # archive, not the broker, the configuration's YAML or asyncio (9 MB of it, measured).
+    code = "import sys, kapok.storage.archiver; print(' '.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    heavy = ("asyncio", "yaml", "kapok.config", "kapok.core.broker", "kapok.storage.store", "aiohttp")
+    loaded = [m for m in out.stdout.split() if m.startswith(heavy)]
+    assert loaded == [], f"the archiver loads {loaded}"

@@ -10,12 +10,14 @@ waits for are made on the event loop, but never while an fsync is to be done.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from pathlib import Path
 
 import pytest
 
 from kapok.core.changes import Change, GroupCreated
+from kapok.errors import StorageError
 from kapok.storage import wal as wal_module
 from kapok.storage.records import FrameReader
 from kapok.storage.wal import WriteAheadLog, list_segments
@@ -55,6 +57,9 @@ class _Recorder:
 
     async def drain(self) -> None:
         self.drains += 1
+
+    def behind(self) -> bool:
+        return False
 
 
 @pytest.mark.parametrize("policy", ["always", "interval", "never"])
@@ -192,3 +197,70 @@ async def test_no_write_is_made_on_the_loop_while_a_background_fsync_runs(
         release.set()
         await wal.aclose()
     assert _read_log(tmp_path) == _records(8)
+
+
+@pytest.mark.parametrize("policy", ["always", "interval", "never"])
+async def test_write_now_writes_on_the_callers_turn_when_the_flusher_would_inline(
+    tmp_path: Path, writers: list[str], policy: str
+) -> None:
+    """``write_now``: the appends' future is done on return, unless an fsync is to be
+    awaited, the segment is to be opened, or the write is too large; the log keeps them all
+    in order either way."""
+    recorder = _Recorder()
+    wal = WriteAheadLog(
+        tmp_path, policy=policy, interval_ms=1000, segment_max_bytes=1 << 22, archive=recorder
+    )
+    wal.start(0)
+    first = wal.append(_records(2))
+    assert not wal.write_now()  # the first write opens the segment: the writer thread's
+    await first
+    await eventually(lambda: not wal._background_jobs, timeout_s=10, what="the background fsyncs")
+    small = wal.append(_records(3, 2))
+    assert wal.write_now() is (policy != "always")
+    assert small.done() is (policy != "always")
+    await small
+    big_records = [
+        GroupCreated("t", "g" * 200, float(i)) for i in range(wal_module.INLINE_WRITE_BYTES // 200)
+    ]
+    big = wal.append(big_records)
+    assert not wal.write_now()  # too large for the loop: the flusher writes it, encoded once
+    after_big = wal.append(_records(1, 5))
+    assert not wal.write_now()  # the big one is queued or being written before it
+    await asyncio.gather(big, after_big)
+    assert not wal.write_now()  # nothing queued
+    await wal.aclose()
+    assert _read_log(tmp_path) == _records(5) + big_records + _records(1, 5)
+    assert [c for call in recorder.calls for c in call] == _read_log(tmp_path)
+    loop_thread = threading.current_thread().name
+    assert (loop_thread in writers) is (policy != "always")
+
+
+async def test_write_now_leaves_it_to_the_flusher_while_the_archive_is_behind(tmp_path: Path) -> None:
+    recorder = _Recorder()
+    recorder.behind = lambda: True  # type: ignore[method-assign]
+    wal = WriteAheadLog(
+        tmp_path, policy="never", interval_ms=1000, segment_max_bytes=1 << 22, archive=recorder
+    )
+    wal.start(0)
+    await wal.append(_records(1))
+    pending = wal.append(_records(1, 1))
+    assert not wal.write_now() and not pending.done()
+    await pending
+    await wal.aclose()
+    assert _read_log(tmp_path) == _records(2)
+
+
+async def test_write_now_after_a_failed_write_fails_the_appends(tmp_path: Path) -> None:
+    wal = WriteAheadLog(tmp_path, policy="never", interval_ms=1000, segment_max_bytes=1 << 22)
+    wal.start(0)
+    await wal.append(_records(1))
+    assert wal._file is not None
+    os.close(wal._file)  # the next write fails (EBADF), as a dead disk would make it
+    pending = wal.append(_records(1, 1))
+    assert not wal.write_now()
+    assert pending.done() and isinstance(pending.exception(), StorageError)
+    assert wal.failed is not None
+    with pytest.raises(StorageError):
+        wal.append(_records(1, 2))
+    wal._file = None  # closed above
+    await wal.aclose()
