@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TypeAlias
 
 from kapok import __version__
+from kapok.bench.options import add_options as add_bench_options
 from kapok.errors import ConfigError, KapokError
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Start a node per case (or target --url) and run load processes against it; "
         "prints a table, or JSON with --json. Progress goes to stderr.",
     )
-    _bench_options(bench)
+    add_bench_options(bench)
     bench.set_defaults(func=_cmd_bench)
 
     cluster_commands = _group(commands, "cluster", "look at a cluster through one of its nodes")
@@ -253,69 +254,6 @@ def _group(commands: _Commands, name: str, help: str) -> _Commands:
     group = commands.add_parser(name, help=help)
     dest = f"{name}_command"
     return group.add_subparsers(dest=dest, metavar="COMMAND", required=True, parser_class=_Parser)
-
-
-def _bench_options(command: argparse.ArgumentParser) -> None:
-    add = command.add_argument
-    add(
-        "--workload",
-        action="append",
-        metavar="NAME",
-        help="publish, e2e, latency, roundtrip, fanout, clients, backlog, recovery, client or all "
-        "(repeatable; default all); soak (not in all): --minutes of mixed load with a kill -9",
-    )
-    add("--protocol", default="native", help="native, kapokmq or both (default native)")
-    add("--fsync", default="always", help="storage.fsync of the started nodes: always, interval, never, all")
-    add(
-        "--replica",
-        action="append",
-        metavar="MODE",
-        help="none, async, sync or all: run each case with no slave, or a slave in that replication mode "
-        "started beside the node (repeatable; default none)",
-    )
-    add("--url", help="target this running node (http://host:port) instead of starting one per case")
-    add(
-        "--peer",
-        action="append",
-        metavar="kapokmq=URL",
-        help="also run every case against this KapokMQ server (its HTTP base URL), interleaved with "
-        "Kapok's, and print the ratios",
-    )
-    add("--peer-pid", type=int, help="with --peer: the peer's local PID, to read its CPU and RSS")
-    add("--rounds", type=int, default=1, help="run every case this many times, interleaved (default 1)")
-    add("--node-pid", type=int, help="with --url: the node's local PID, to read its CPU and RSS")
-    add("--key", default="test", help="the node's mq.secret_key (default test)")
-    add("--messages", type=int, default=100_000, help="messages per run (default 100000)")
-    add("--size", type=int, default=100, help="payload bytes (default 100)")
-    add("--batch", type=int, default=100, help="native: messages per pub frame (default 100)")
-    add(
-        "--inflight",
-        type=int,
-        default=10,
-        help="pub frames unconfirmed (KapokMQ: batch × inflight msgs; default 10)",
-    )
-    add("--prefetch", type=int, default=1000, help="consumer prefetch (default 1000)")
-    add("--rate", type=float, default=2000.0, help="latency: messages per second (default 2000)")
-    add("--seconds", type=float, default=10.0, help="latency and roundtrip: duration (default 10)")
-    add("--fanout", type=int, default=4, help="fanout: subscribers, each in its own group (default 4)")
-    add("--clients", type=int, default=100, help="clients: producers and as many consumers (default 100)")
-    add("--backlog", type=int, default=100_000, help="backlog / recovery: messages queued (default 100000)")
-    add("--minutes", type=float, default=10.0, help="soak: minutes of load (default 10; --rate msg/s)")
-    add(
-        "--timeout",
-        type=float,
-        default=180.0,
-        help="seconds a case may take before it fails (default 180)",
-    )
-    add(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="PATH=VALUE",
-        help="configuration override for the nodes the bench starts (repeatable)",
-    )
-    add("--json", action="store_true", help="print JSON instead of the table")
 
 
 def _config_options(command: argparse.ArgumentParser) -> None:
