@@ -63,12 +63,16 @@ class _TurnBatch(Generic[T]):
         self._scheduled = False
 
     def add(self, item: T) -> None:
+        self.collect(item)
+        if self.items and not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def collect(self, item: T) -> None:
+        """``add`` for a caller that flushes on this turn itself (no ``call_soon``)."""
         self.items.append(item)
         if len(self.items) >= self.limit:
             self.flush()
-        elif not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
 
     def flush(self) -> None:
         self._scheduled = False
@@ -101,25 +105,22 @@ class _Publisher(_TurnBatch[Draft]):
         self.service.count_bad_input(kind)
         self.outbox.send(compat_error(message))
 
+    def draft(self, text: str) -> Draft | None:
+        """The draft of one text frame; None once a bad frame's error is answered."""
+        try:
+            return compat_draft(text, self.topic, self.producer_id)
+        except KapokError as exc:
+            self.error("compat_producer_frame", exc.message)
+            return None
+
     def feed(self, texts: list[str]) -> None:
         """The text frames of one socket read (``FastTexts``), published at once."""
         self.flush()  # frames collected before, by the slow path, go first
-        topic, producer_id, limit = self.topic, self.producer_id, self.limit
-        drafts: list[Draft] = []
         for text in texts:
-            try:
-                drafts.append(compat_draft(text, topic, producer_id))
-            except KapokError as exc:
-                if drafts:
-                    self.handle(drafts)
-                    drafts = []
-                self.error("compat_producer_frame", exc.message)
-                continue
-            if len(drafts) >= limit:
-                self.handle(drafts)
-                drafts = []
-        if drafts:
-            self.handle(drafts)
+            draft = self.draft(text)
+            if draft is not None:
+                self.collect(draft)
+        self.flush()
         # All of this read is published: written now if cheap (fsync never or interval),
         # its oks go out on this turn, not two turns later (the round trip's loop turns).
         self.service.write_now()
@@ -196,10 +197,9 @@ async def producer_ws(request: web.Request) -> web.StreamResponse:
                         "frames must be text: a JSON object with MessageData and DelayTime",
                     )
                 else:
-                    try:
-                        publisher.add(compat_draft(msg.data, topic, producer_id))
-                    except KapokError as exc:
-                        publisher.error("compat_producer_frame", exc.message)
+                    draft = publisher.draft(msg.data)
+                    if draft is not None:
+                        publisher.add(draft)
                 direct()
         finally:
             _stop(ws)
