@@ -262,9 +262,7 @@ class WriteAheadLog:
             return False
         self._batches = []
         waiter, self._pending = self._pending, None
-        if self.replica is not None:
-            for e in encoded:
-                self.replica.offer(e.first_lsn, e.count, e.payload)
+        self._offer(encoded)
         try:
             self._write(encoded, False)
         except OSError as exc:
@@ -294,9 +292,7 @@ class WriteAheadLog:
                 self._inflight = waiter
                 try:
                     encoded = [_encode(b) for b in batches]
-                    if self.replica is not None:  # before the write: a slave's copy overlaps it
-                        for e in encoded:
-                            self.replica.offer(e.first_lsn, e.count, e.payload)
+                    self._offer(encoded)
                     if self._inline(encoded):
                         self._write(encoded, sync)
                     else:
@@ -309,6 +305,12 @@ class WriteAheadLog:
                     waiter.set_result(None)
                 if self._archive is not None:
                     await self._hand_to_archive(encoded)
+
+    def _offer(self, encoded: list[_Encoded]) -> None:
+        """Hand the batches to the slave's link before they are written: its copy overlaps the write."""
+        if self.replica is not None:
+            for e in encoded:
+                self.replica.offer(e.first_lsn, e.count, e.payload)
 
     def _fail(self, exc: OSError, waiter: asyncio.Future[None] | None) -> None:
         self.failed = StorageError(f"the write-ahead log failed: {exc}")
