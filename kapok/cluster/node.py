@@ -1,4 +1,4 @@
-"""The asyncio driver of the SWIM core: a UDP socket, a TCP listener, one timer.
+"""The asyncio driver of the SWIM core: a UDP socket, a TCP listener, the protocol's timer.
 
 ``GossipNode`` owns the sockets and makes no protocol decisions: bytes that arrive go to
 ``Swim.handle_packet`` (UDP) or ``Swim.handle_stream`` (TCP), ``Swim.tick`` runs when
@@ -10,9 +10,22 @@ UDP and TCP share one port number (as in memberlist): with ``cluster.bind`` port
 datagram socket picks a free port and the listener takes the same number (retried a few
 times if that TCP port is taken). The protocol clock is the event loop's monotonic time.
 
-Bad input never reaches further than a counter: the codec drops unauthenticated or
+Bad input never reaches further than a counter (and a bad HMAC a log line): the codec drops unauthenticated or
 malformed packets (``Swim.stats["drop_<reason>"]``), and a stream that is too long, too
 slow or cut off is closed and counted here (``stats``).
+
+Two misconfigurations would otherwise be silent, so they are logged (on the loop's clock):
+
+* a packet or stream whose HMAC does not verify comes from a peer with another
+  ``cluster.secret``: a WARNING names the sender, at most once a minute per sender
+  (``DropLog``). A datagram's sender is its gossip address; a stream comes from an
+  ephemeral port, so its sender is its host (``"10.0.0.7 (TCP)"``). Such a peer never
+  changes a row elsewhere: others list it only as they last heard it authentically —
+  ``left`` if it was restarted gracefully with the new secret, ``dead`` if it crashed.
+* a node with seeds that has heard from no peer ``seed_silence_s`` after start warns,
+  naming the seeds, and again every ``SEED_WARNING_REPEAT_S`` until one answers; then
+  one INFO line. (Only until the first join: once in, losing peers is what the member
+  lines report.)
 """
 
 from __future__ import annotations
@@ -28,12 +41,21 @@ from collections.abc import Callable
 
 from kapok.cluster.codec import KeyRing
 from kapok.cluster.config import SwimConfig
+from kapok.cluster.droplog import DropLog
 from kapok.cluster.messages import Effect, MemberChanged, NodeMeta, NodeState, Send, SendStream, State
 from kapok.cluster.swim import Swim
 from kapok.config import ClusterConfig
 from kapok.errors import ConfigError
 
-__all__ = ["GossipNode", "format_addr", "split_addr", "swim_config"]
+__all__ = [
+    "DROP_WARNING_INTERVAL_S",
+    "SEED_SILENCE_S",
+    "SEED_WARNING_REPEAT_S",
+    "GossipNode",
+    "format_addr",
+    "split_addr",
+    "swim_config",
+]
 
 log = logging.getLogger("kapok.cluster")
 
@@ -41,6 +63,9 @@ _LENGTH = struct.Struct(">I")
 _MAX_STREAMS = 32  # concurrent outgoing (and, separately, incoming) state exchanges
 _BIND_ATTEMPTS = 20  # port 0: tries to find a number free for both UDP and TCP
 _ADDR_CACHE_MAX = 4096
+DROP_WARNING_INTERVAL_S = 60.0  # at most one bad-HMAC warning per sender this often
+SEED_SILENCE_S = 30.0  # a node with seeds warns when none has answered this long after start
+SEED_WARNING_REPEAT_S = 300.0  # and again this often while that lasts
 
 Listener = Callable[[MemberChanged], None]
 
@@ -87,7 +112,15 @@ class _Datagrams(asyncio.DatagramProtocol):
 class GossipNode:
     """One node's membership: start it, read ``members()``, close it (a graceful leave)."""
 
-    def __init__(self, config: ClusterConfig, meta: NodeMeta, *, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        meta: NodeMeta,
+        *,
+        rng: random.Random | None = None,
+        seed_silence_s: float = SEED_SILENCE_S,
+        drop_warning_interval_s: float = DROP_WARNING_INTERVAL_S,
+    ) -> None:
         self.config = config
         self.swim_config = swim_config(config)
         self.meta = meta
@@ -108,6 +141,12 @@ class GossipNode:
         self._left = asyncio.Event()  # set once a leave notice has been spread enough
         # Long enough for a loaded peer, short enough that a dead one does not pile up tasks.
         self._stream_timeout_s = max(1.0, 10 * self.swim_config.probe_timeout_s)
+        self._bad_hmacs = DropLog(drop_warning_interval_s)
+        self._seed_silence_s = seed_silence_s
+        self._seed_timer: asyncio.TimerHandle | None = None
+        self._seed_warned = False
+        self._started_at = 0.0
+        self._joined = False  # a peer has been alive in our view (a seed answered, or one found us)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -132,10 +171,14 @@ class GossipNode:
         )
         seeds = ", ".join(self.config.seeds) or "nobody (first node)"
         log.info("gossip on %s (profile %s), joining %s", self.addr, self.config.profile, seeds)
-        self._run(self.swim.join(self.config.seeds, loop.time()))
+        self._started_at = loop.time()
+        self._run(self.swim.join(self.config.seeds, self._started_at))
+        if self.swim.seeds and not self._joined:
+            self._seed_timer = loop.call_at(self._started_at + self._seed_silence_s, self._seeds_silent)
 
     async def aclose(self) -> None:
         """Leave gracefully (spread the notice for a bounded time), then close the sockets."""
+        self._stop_seed_watch()
         swim, loop = self.swim, self._loop
         if swim is not None and loop is not None and self._udp is not None:
             started, bound_s = loop.time(), 20 * self.swim_config.gossip_interval_s
@@ -182,8 +225,12 @@ class GossipNode:
     # ------------------------------------------------------------ inbound
 
     def _on_datagram(self, data: bytes, from_addr: str) -> None:
-        if self.swim is not None and self._loop is not None:
-            self._run(self.swim.handle_packet(data, from_addr, self._loop.time()))
+        swim, loop = self.swim, self._loop
+        if swim is not None and loop is not None:
+            now, rejected = loop.time(), swim.auth_drops
+            self._run(swim.handle_packet(data, from_addr, now))
+            if swim.auth_drops != rejected:
+                self._bad_hmac(from_addr, now)
 
     async def _on_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._streams_in >= _MAX_STREAMS:
@@ -199,8 +246,13 @@ class GossipNode:
                     return
                 data = await reader.readexactly(length)
             self.stats["streams_in"] += 1
-            if self.swim is not None and self._loop is not None:
-                self._run(self.swim.handle_stream(data, self._loop.time()))
+            swim, loop = self.swim, self._loop
+            if swim is not None and loop is not None:
+                now, rejected = loop.time(), swim.auth_drops
+                self._run(swim.handle_stream(data, now))
+                if swim.auth_drops != rejected:
+                    peer = writer.get_extra_info("peername")
+                    self._bad_hmac(f"{peer[0] if peer else 'unknown'} (TCP)", now)
         except (TimeoutError, asyncio.IncompleteReadError, OSError):
             self.stats["stream_errors_in"] += 1
         finally:
@@ -208,6 +260,33 @@ class GossipNode:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    def _bad_hmac(self, sender: str, now: float) -> None:
+        dropped = self._bad_hmacs.dropped(sender, now)
+        if dropped is not None:
+            log.warning(
+                "dropped gossip from %s: bad HMAC — wrong cluster.secret? (%d dropped so far)",
+                sender,
+                dropped,
+            )
+
+    def _seeds_silent(self) -> None:
+        self._seed_timer = None
+        loop, swim = self._loop, self.swim
+        if loop is None or swim is None or self._joined:
+            return
+        self._seed_warned = True
+        log.warning(
+            "no seed answered in %g s: %s — are they up, and is cluster.secret the same?",
+            round(loop.time() - self._started_at, 1),
+            ", ".join(swim.seeds),
+        )
+        self._seed_timer = loop.call_later(SEED_WARNING_REPEAT_S, self._seeds_silent)
+
+    def _stop_seed_watch(self) -> None:
+        if self._seed_timer is not None:
+            self._seed_timer.cancel()
+            self._seed_timer = None
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -291,6 +370,16 @@ class GossipNode:
             self.stats["stream_errors_out"] += 1
 
     def _changed(self, change: MemberChanged) -> None:
+        if not self._joined and change.name != self.meta.name and change.state is State.ALIVE:
+            self._joined = True
+            self._stop_seed_watch()
+            if self._seed_warned and self._loop is not None:
+                log.info(
+                    "heard from the cluster after %g s: %s (%s) is alive",
+                    round(self._loop.time() - self._started_at, 1),
+                    change.name,
+                    change.addr,
+                )
         if change.name != self.meta.name and change.state is not change.previous:
             level = logging.WARNING if change.state in (State.SUSPECT, State.DEAD) else logging.INFO
             log.log(

@@ -143,6 +143,17 @@ class Swim:
         """After ``leave``: the leave notice has been sent as often as the retransmit limit asks."""
         return self.table.leaving and (self.name not in self.table.queue or not self.table.peer_count)
 
+    @property
+    def seeds(self) -> tuple[str, ...]:
+        """The seeds ``join`` contacts: the ones it was given, but for our own address."""
+        return self._seeds
+
+    @property
+    def auth_drops(self) -> int:
+        """Packets and streams dropped because the HMAC did not verify, or was missing or not
+        expected: the mark of a peer with another ``cluster.secret`` (or none)."""
+        return self.stats["drop_auth"] + self.stats["drop_unauthenticated"]
+
     def members(self) -> tuple[NodeState, ...]:
         """Every row this node holds, its own included."""
         return self.table.snapshot()
