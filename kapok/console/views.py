@@ -82,7 +82,7 @@ async def login(request: web.Request) -> web.StreamResponse:
     if not expected or not key_matches(form.get("login_token"), expected):
         return _login_page(request, "The login form expired; please try again.", 403)
     try:
-        if not check_key(request, form.get("key")):
+        if not await check_key(request, form.get("key")):
             return _login_page(request, "Wrong secret key.", 401)
     except AuthBlockedError:
         return _login_page(request, "Too many wrong keys from this address; wait and try again.", 429)

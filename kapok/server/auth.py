@@ -1,8 +1,10 @@
 """Secret-key checks for every data-bearing route (constant-time comparisons).
 
-Every way of presenting the key goes through ``check_key``, which first asks the
-node's ``AuthThrottle`` whether the address must wait (then the key is not even
-compared: ``AuthBlockedError``), and records the outcome for it.
+Every way of presenting the key goes through ``judge_key``: it compares the key and
+asks the node's ``AuthThrottle`` what to answer (see there). ``check_key`` does the
+waiting for HTTP routes: a wrong key's ``False`` comes only after its delay, and an
+address whose back-off slots are all held gets ``AuthBlockedError`` (429) at once. The
+throttle runs on the event loop's clock, like the sleeps that deliver its late answers.
 """
 
 from __future__ import annotations
@@ -17,14 +19,17 @@ from kapok.errors import AuthBlockedError
 from kapok.server.conntable import ConnState
 from kapok.server.guard import set_state, trust
 from kapok.server.keys import SERVICE
+from kapok.server.throttle import Accept, Blocked, Reject, Verdict
 
 __all__ = [
     "ASK_KEY",
     "KEY_ERROR",
     "KEY_OK",
     "bearer_token",
+    "blocked_error",
     "check_key",
     "compat_handshake",
+    "judge_key",
     "key_matches",
 ]
 
@@ -46,26 +51,38 @@ def bearer_token(request: web.Request) -> str | None:
     return token.strip() if scheme.lower() == "bearer" else None
 
 
-def check_key(request: web.Request, given: str | None) -> bool:
-    """Is ``given`` the secret key? Raises ``AuthBlockedError`` while the request's
-    address must wait after too many wrong keys; counts a wrong key (metric and back-off);
-    a right key makes the connection trusted (``kapok.server.guard.trust``)."""
+def judge_key(request: web.Request, given: str | None) -> Verdict:
+    """Compare ``given`` with the secret key and ask the throttle what to answer; a right
+    key makes the connection trusted (``kapok.server.guard.trust``), a wrong one counts."""
     service = request.app[SERVICE]
-    throttle = service.auth_throttle
-    addr = request.remote or ""
-    now = service.now()
-    wait = throttle.wait_s(addr, now)
-    if wait > 0:
-        raise AuthBlockedError(
-            f"too many wrong secret keys from {addr}; try again in {wait:.0f} s", retry_after_s=wait
-        )
-    if key_matches(given, service.config.mq.secret_key):
-        throttle.succeeded(addr)
+    right = key_matches(given, service.config.mq.secret_key)  # every key, constant time
+    now = asyncio.get_running_loop().time()
+    verdict = service.auth_throttle.judge(request.remote or "", given, right, now)
+    if isinstance(verdict, Accept):
         trust(request)
-        return True
-    throttle.failed(addr, now)
-    service.auth_failures += 1
-    return False
+    elif isinstance(verdict, Reject):
+        service.auth_failures += 1
+    return verdict
+
+
+def blocked_error(request: web.Request, verdict: Blocked) -> AuthBlockedError:
+    wait = verdict.retry_after_s
+    return AuthBlockedError(
+        f"too many wrong secret keys from {request.remote}; try again in {wait:.0f} s", retry_after_s=wait
+    )
+
+
+async def check_key(request: web.Request, given: str | None) -> bool:
+    """Is ``given`` the secret key? A right key answers at once; a wrong one after the
+    address's back-off; raises ``AuthBlockedError`` when the address may not try now."""
+    verdict = judge_key(request, given)
+    if isinstance(verdict, Blocked):
+        raise blocked_error(request, verdict)
+    if isinstance(verdict, Reject):
+        if verdict.delay_s > 0:
+            await asyncio.sleep(verdict.delay_s)  # one of the address's few held slots
+        return False
+    return True
 
 
 async def _refuse(ws: web.WebSocketResponse, reason: str) -> bool:
@@ -90,15 +107,18 @@ async def compat_handshake(ws: web.WebSocketResponse, request: web.Request) -> b
             return await _refuse(ws, "authentication timed out")
         if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
             return False
-        try:
-            ok = check_key(request, msg.data if msg.type is WSMsgType.TEXT else None)
-        except AuthBlockedError as exc:
+        verdict = judge_key(request, msg.data if msg.type is WSMsgType.TEXT else None)
+        if isinstance(verdict, Blocked):
             await ws.send_str(KEY_ERROR)
-            return await _refuse(ws, exc.message)
-        if ok:
+            return await _refuse(ws, blocked_error(request, verdict).message)
+        if isinstance(verdict, Accept):
             set_state(request, ConnState.OPEN)
             await ws.send_str(KEY_OK)
             return True
+        # A late answer, but never later than the handshake may last (the guard's deadline).
+        delay = min(verdict.delay_s, give_up - loop.time())
+        if delay > 0:
+            await asyncio.sleep(delay)
         failures += 1
         await ws.send_str(KEY_ERROR)
         if failures >= cfg.server.auth_max_attempts:

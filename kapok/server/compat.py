@@ -288,7 +288,7 @@ class _Acker(_TurnBatch[str]):
 async def producer_send(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     try:
-        if not check_key(request, request.headers.get("secretKey")):
+        if not await check_key(request, request.headers.get("secretKey")):
             return json_response({"code": -1, "msg": KEY_ERROR})
         form = await read_form(request)
         data, topic, delay = form.get("messageData"), form.get("topic"), form.get("delayTime")

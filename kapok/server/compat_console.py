@@ -41,7 +41,7 @@ def _console(path: str) -> Callable[[Handler], Handler]:
         async def route(request: web.Request) -> web.Response:
             service = request.app[SERVICE]
             try:
-                if not check_key(request, request.headers.get("secretKey")):
+                if not await check_key(request, request.headers.get("secretKey")):
                     return json_response({"code": -1, "msg": KEY_ERROR})
             except AuthBlockedError as exc:
                 return json_response({"code": -1, "msg": exc.message})

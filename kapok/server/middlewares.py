@@ -56,6 +56,6 @@ _PROTECTED = ("/v1/", "/sync/", "/replication/unpair")
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Native and replication routes need ``Authorization: Bearer <mq.secret_key>``."""
-    if request.path.startswith(_PROTECTED) and not check_key(request, bearer_token(request)):
+    if request.path.startswith(_PROTECTED) and not await check_key(request, bearer_token(request)):
         raise AuthError("missing or wrong 'Authorization: Bearer <secret key>' header")
     return await handler(request)

@@ -388,18 +388,32 @@ async def test_6_wrong_keys_make_their_address_wait_on_every_route(
     node = launch(nodes, tmp_path, "server.auth_backoff_s=30")
     kept = await publish(session, node, "kept", KEPT)
     before = rss_mb(node)
-    attacker = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))  # another address than the real clients
+    attacker = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0), limit=0)  # not the real clients' address
     async with aiohttp.ClientSession(connector=attacker) as evil:
-        statuses = []
-        for i in range(100):
-            async with evil.get(
-                node.url + "/v1/topics", headers={"Authorization": f"Bearer guess{i}"}
-            ) as resp:
-                statuses.append(resp.status)
-                if resp.status == 429:
-                    assert int(resp.headers["Retry-After"]) > 0
-        assert statuses[:10] == [401] * 10 and set(statuses[10:]) == {429}
-        # The right key from that address waits too; it is not even compared.
+
+        async def guess(key: str, patience_s: float) -> int | None:
+            """The status, or None if no answer came within ``patience_s`` (the guesser
+            moves on: a right key would have been a 200 within a round trip)."""
+            try:
+                async with evil.get(
+                    node.url + "/v1/topics",
+                    headers={"Authorization": f"Bearer {key}"},
+                    timeout=aiohttp.ClientTimeout(total=patience_s),
+                ) as resp:
+                    if resp.status == 429:
+                        assert int(resp.headers["Retry-After"]) > 0
+                    return resp.status
+            except TimeoutError:
+                return None
+
+        assert [await guess(f"guess{i}", T) for i in range(10)] == [401] * 10  # the free ones
+        # 100 new guesses at once: 4 are compared and held (their 401s would come after 30,
+        # 60, 120 and 240 s, whether or not anyone waits), the other 96 are refused unseen.
+        statuses = await asyncio.gather(*(guess(f"parallel{i}", 3.0) for i in range(100)))
+        assert statuses.count(None) == 4 and statuses.count(429) == 96, statuses
+        # While those four hold the address's slots it may test no key on any route, not
+        # even the right one: compared, the right key would pass and every 429 would say
+        # "wrong" at once, as fast as guesses can be sent.
         async with evil.get(node.url + "/v1/topics", headers=AUTH) as resp:
             assert resp.status == 429
         async with evil.get(node.url + "/sync/v1", headers=AUTH) as resp:
@@ -416,8 +430,66 @@ async def test_6_wrong_keys_make_their_address_wait_on_every_route(
             assert (await ws.receive(timeout=T)).data == "Secret key matching error"
             msg = await ws.receive(timeout=T)
             assert msg.type is aiohttp.WSMsgType.CLOSE and ws.close_code == 1008
-    assert await metric(session, node, "kapok_auth_failures_total") == 10
+    assert await metric(session, node, "kapok_auth_failures_total") == 14  # keys compared and wrong
     await after_attack(session, node, kept, before + 20, before, "brute force")  # 127.0.0.1 is not affected
+
+
+async def test_6_a_wrong_key_hammering_from_the_clients_own_address_does_not_lock_them_out(
+    nodes: list[NodeProcess], tmp_path: Path, session: aiohttp.ClientSession
+) -> None:
+    # Issue 22: a slave with the wrong key (or clients not yet given a new key) on the same
+    # host as clients with the right one. The back-off is long (30 s), so any wait shows.
+    node = launch(nodes, tmp_path, "server.auth_backoff_s=30")
+    kept = await publish(session, node, "kept", KEPT)
+    before = rss_mb(node)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    hammered: list[int] = []
+
+    async def hammer(path: str, headers: dict[str, str]) -> None:
+        async with aiohttp.ClientSession() as peer:  # from 127.0.0.1, as fast as it is answered
+            while not stop.is_set():
+                async with peer.get(node.url + path, headers=headers) as resp:
+                    hammered.append(resp.status)
+
+    async def misconfigured_kapokmq_client() -> None:
+        async with aiohttp.ClientSession() as peer:
+            while not stop.is_set():
+                async with peer.ws_connect(f"{node.ws_url}/Producers/Conn/t/p") as ws:
+                    async for msg in ws:
+                        if msg.data == "Please enter the secret key":
+                            await ws.send_str("old-key")
+                        else:
+                            assert msg.data == "Secret key matching error", msg
+
+    wrong = {"Authorization": "Bearer old-key"}
+    peers = [
+        *(asyncio.create_task(hammer("/sync/v1", wrong)) for _ in range(3)),  # the slave's link
+        asyncio.create_task(hammer("/v1/topics", wrong)),
+        asyncio.create_task(hammer("/v1/topics", {})),  # no key at all
+        asyncio.create_task(misconfigured_kapokmq_client()),
+    ]
+    # Meanwhile a client with the key, also from 127.0.0.1, each time on a new connection.
+    waits: list[float] = []
+    until = loop.time() + 5.0
+    while loop.time() < until or len(hammered) < 300:
+        assert not any(task.done() for task in peers), [t.exception() for t in peers if t.done()]
+        async with aiohttp.ClientSession() as client:
+            started = loop.time()
+            async with client.get(node.url + "/v1/topics", headers=AUTH) as resp:
+                assert resp.status == 200, f"after {len(hammered)} wrong keys: {await resp.text()}"
+            waits.append(loop.time() - started)
+        if len(waits) % 10 == 0:  # and a KapokMQ producer with the key
+            async with session.ws_connect(f"{node.ws_url}/Producers/Conn/compat/p") as ws:
+                assert (await ws.receive(timeout=T)).data == "Please enter the secret key"
+                await ws.send_str("test")
+                assert (await ws.receive(timeout=T)).data == "Secret key matching succeeded"
+    stop.set()
+    await asyncio.gather(*peers)
+    print(f"\n{len(hammered)} wrong keys; {len(waits)} right ones, the slowest in {max(waits) * 1000:.0f} ms")
+    assert set(hammered) == {401}  # a repeated wrong key is answered at once and blocks nothing
+    assert max(waits) < 2.0  # none waited behind the wrong ones (the back-off is 30 s)
+    await after_attack(session, node, kept, before + 20, before, "a misconfigured peer")
 
 
 # ---------------------------------------------------------------- 7. the smaller ones

@@ -5,6 +5,7 @@ and sessions end when idle."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -180,14 +181,35 @@ async def test_login_cookie_and_redirects(node: InProcessNode, anonymous: aiohtt
 
 
 async def test_wrong_keys_are_throttled_per_address(
-    node: InProcessNode, anonymous: aiohttp.ClientSession
+    aiohttp_server: Callable[..., Awaitable[TestServer]], tmp_path: Path, anonymous: aiohttp.ClientSession
 ) -> None:
+    app = make_app(config(tmp_path, "server.auth_backoff_s=30"))
+    node = InProcessNode(await aiohttp_server(app, host="127.0.0.1", port=0), app)
     b = Browser(anonymous, node.url)
-    for _ in range(10):
-        assert (await b.log_in("guess")).status == 401
-    resp = await b.log_in(KEY)  # even the right key, until the window has passed
-    assert resp.status == 429
-    assert node.service.auth_failures == 10
+    for i in range(10):
+        assert (await b.log_in(f"guess{i}")).status == 401  # the free ones, at once
+    assert (await b.log_in("guess9")).status == 401  # a known wrong key again: no new guess
+    assert (await b.log_in(KEY)).status == 303  # the right key is not kept out by them
+    anonymous.cookie_jar.clear()
+    # Four new wrong keys hold the address's slots: their 401s come after 30, 60, 120, 240 s.
+    guessers = [aiohttp.ClientSession(cookie_jar=cookie_jar()) for _ in range(4)]
+    late = [asyncio.create_task(Browser(g, node.url).log_in(f"late{i}")) for i, g in enumerate(guessers)]
+    throttle = node.service.auth_throttle
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while throttle.pending("127.0.0.1", loop.time()) < 4:
+        assert loop.time() < deadline and not any(task.done() for task in late)
+        await asyncio.sleep(0.01)
+    # Now no new key from the address is even compared, not even the right one (were it,
+    # every quick 429 would tell a guesser "wrong"): the login page says to wait.
+    assert (await b.log_in("one more")).status == 429
+    assert (await b.log_in(KEY)).status == 429
+    for task in late:
+        task.cancel()
+    await asyncio.gather(*late, return_exceptions=True)
+    for g in guessers:
+        await g.close()
+    assert node.service.auth_failures == 10 + 1 + 4
 
 
 async def test_a_session_ends_when_idle(node: InProcessNode, browser: Browser, clock: ManualClock) -> None:
