@@ -88,7 +88,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
     cluster_commands = _group(commands, "cluster", "look at a cluster through one of its nodes")
     nodes = cluster_commands.add_parser("nodes", help="list the members one node's gossip view holds")
-    nodes.add_argument("--seed", required=True, metavar="URL", help="any node's HTTP URL, e.g. http://127.0.0.1:8011")
+    nodes.add_argument(
+        "--seed", required=True, metavar="URL", help="any node's HTTP URL, e.g. http://127.0.0.1:8011"
+    )
     nodes.add_argument("--json", action="store_true", help="print the JSON list instead of the table")
     nodes.set_defaults(func=_cmd_cluster_nodes)
 
@@ -106,6 +108,19 @@ def _build_parser() -> argparse.ArgumentParser:
         help="the node's mq.secret_key (default: $KAPOK_SECRET, else test)",
     )
     unpair.set_defaults(func=_cmd_replication, action="unpair")
+    promote = replication_commands.add_parser(
+        "promote", help="make a slave lead its pair now (its master is gone for good)"
+    )
+    promote.add_argument("--url", required=True, help="the slave's HTTP URL")
+    promote.add_argument(
+        "--force", action="store_true", help="even a slave that was not in sync (may lose confirmed writes)"
+    )
+    promote.add_argument(
+        "--secret",
+        default=os.environ.get("KAPOK_SECRET", "test"),
+        help="the node's mq.secret_key (default: $KAPOK_SECRET, else test)",
+    )
+    promote.set_defaults(func=_cmd_replication, action="promote")
 
     secret_note = " The secret key: --secret, else $KAPOK_SECRET, else 'test'."
     for name, summary, about, add_options in (
@@ -157,13 +172,21 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _common_options(command: argparse.ArgumentParser) -> None:
     add = command.add_argument
-    add("--seed", action="append", required=True, metavar="URL",
-        help="a node's HTTP URL, e.g. http://127.0.0.1:8011 (repeatable; any member will do)")
+    add(
+        "--seed",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="a node's HTTP URL, e.g. http://127.0.0.1:8011 (repeatable; any member will do)",
+    )
     add("--topic", required=True, help="the topic")
-    add("--secret", default=None,
-        help="the nodes' mq.secret_key (default: $KAPOK_SECRET, else 'test')")
-    add("--protocol", choices=("native", "kapokmq"), default="native",
-        help="native (default) or kapokmq (KapokMQ's routes, for KapokMQ-compatible servers)")
+    add("--secret", default=None, help="the nodes' mq.secret_key (default: $KAPOK_SECRET, else 'test')")
+    add(
+        "--protocol",
+        choices=("native", "kapokmq"),
+        default="native",
+        help="native (default) or kapokmq (KapokMQ's routes, for KapokMQ-compatible servers)",
+    )
 
 
 def add_produce_options(command: argparse.ArgumentParser) -> None:
@@ -171,10 +194,19 @@ def add_produce_options(command: argparse.ArgumentParser) -> None:
     add = command.add_argument
     add("--key", default="", help="routing key of every message")
     add("--delay", type=float, default=0.0, metavar="S", help="deliver each message S seconds later")
-    add("--balance", choices=("random", "p2c", "key"), default="random",
-        help="how messages are spread over the masters (default random)")
-    add("--timeout", type=float, default=30.0, metavar="S",
-        help="a message not confirmed within S seconds fails (default 30)")
+    add(
+        "--balance",
+        choices=("random", "p2c", "key"),
+        default="random",
+        help="how messages are spread over the masters (default random)",
+    )
+    add(
+        "--timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="a message not confirmed within S seconds fails (default 30)",
+    )
 
 
 def add_consume_options(command: argparse.ArgumentParser) -> None:
@@ -356,6 +388,9 @@ def _cmd_replication(args: argparse.Namespace) -> int:
 
     if args.action == "unpair":
         state = fetch_json(args.url, "/replication/unpair", method="POST", key=args.secret)
+    elif args.action == "promote":
+        path = "/replication/promote" + ("?force=true" if args.force else "")
+        state = fetch_json(args.url, path, method="POST", key=args.secret)
     else:
         state = fetch_json(args.url, "/replication/state")
     print(json.dumps(state, indent=2))

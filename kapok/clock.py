@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["Clock", "SystemClock", "Timer"]
+__all__ = ["Clock", "SystemClock", "Timer", "loop_time"]
 
 
 class Timer(Protocol):
@@ -37,3 +37,9 @@ class SystemClock:
 
     def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
         return asyncio.get_running_loop().call_later(max(when - time.time(), 0.0), callback)
+
+
+def loop_time() -> float:
+    """The running event loop's monotonic clock, in seconds: what link silences and network
+    time-outs are measured on (uvloop's clock has an origin of its own: one clock for all)."""
+    return asyncio.get_running_loop().time()

@@ -288,9 +288,10 @@ class Codec:
         hit = self._meta_cache.get(name)
         if hit is not None and hit[0] == raw:
             return hit[1]
-        # Five fields from the first version; epoch, active, lag and pair_id were appended
-        # later (a member that sends five is an older node: active when it is a master).
-        if type(raw) is not list or not 5 <= len(raw) <= 9:
+        # Five fields from the first version; epoch, active, lag, pair_id and alone_since
+        # were appended later (a member that sends five is an older node: active when it is
+        # a master).
+        if type(raw) is not list or not 5 <= len(raw) <= 10:
             raise _Malformed
         http_url, role, pair, version, load = raw[:5]
         if pair is not None:
@@ -301,10 +302,21 @@ class Codec:
         active = raw[6] if len(raw) > 6 else role == "master"
         lag = _lag(raw[7]) if len(raw) > 7 else None
         pair_id = _str(raw[8]) if len(raw) > 8 else ""
+        alone_since = _uint(raw[9]) if len(raw) > 9 and raw[9] is not None else None
         if type(active) is not bool:
             raise _Malformed
         meta = NodeMeta(
-            name, _str(http_url), _str(role), pair, _str(version), float(load), epoch, active, lag, pair_id
+            name,
+            _str(http_url),
+            _str(role),
+            pair,
+            _str(version),
+            float(load),
+            epoch,
+            active,
+            lag,
+            pair_id,
+            alone_since,
         )
         if len(self._meta_cache) >= self.CACHE_MAX:
             self._meta_cache.clear()
@@ -327,7 +339,7 @@ def _lag(raw: Any) -> tuple[int, int, float] | None:
 
 
 def _meta_fields(m: NodeMeta) -> tuple[Any, ...]:
-    return (m.http_url, m.role, m.pair, m.version, m.load, m.epoch, m.active, m.lag, m.pair_id)
+    return (m.http_url, m.role, m.pair, m.version, m.load, m.epoch, m.active, m.lag, m.pair_id, m.alone_since)
 
 
 def meta_size(meta: NodeMeta) -> int:

@@ -64,7 +64,8 @@ class NodeMeta:
     (records, bytes, seconds; ``None`` when it is not following). ``pair_id`` names the
     pair whatever its roles are now: the configured master's name (a takeover or a
     give-back does not change it; clients tie keys and retries to it). ``load`` is a
-    free-form figure the node publishes (higher = busier).
+    free-form figure the node publishes (higher = busier). ``alone_since`` is set while a
+    node confirms writes without its partner (its partner must not take over then).
     """
 
     name: str
@@ -77,6 +78,7 @@ class NodeMeta:
     active: bool = True
     lag: tuple[int, int, float] | None = None
     pair_id: str = ""  # "" = the node's own name (an older node, or no pair)
+    alone_since: int | None = None  # sync replication: confirming writes alone since this LSN
 
 
 @dataclass(frozen=True, slots=True)

@@ -161,8 +161,14 @@ class Mirror:
         retain = self.broker.topics[msg.topic].cfg.retain_consumed_s
         self._finished.add(msg.finished_at + retain, retain, msg)
 
+    @property
+    def over_retention(self) -> bool:
+        """More finished messages are kept than ``retain_consumed_max``: prune now."""
+        return len(self._finished) > self._finished.max_items
+
     def prune(self, now: float) -> int:
-        """Forget finished messages whose retention is over; returns how many."""
+        """Forget finished messages whose retention is over, or past the count limit;
+        returns how many."""
         messages = self.broker.messages
         forgotten = 0
         for msg in self._finished.pop_due(now):

@@ -8,10 +8,16 @@ operator, whatever its log held past the point it shares with the leader). Each 
 batch is appended to the WAL as it came and applied to the mirror
 (``kapok.core.replay.Mirror``); the LSN is acked once the WAL says it is durable. On
 ``handover`` it waits until everything up to the given LSN is durable, asks its node to
-take over at the given epoch, and answers ``promoted``.
+take over at the given epoch, answers ``promoted``, and ends: a follower never outlives
+its node's following.
 
 The follower decides nothing about failures: it reports when it last heard from the
-leader (``silent_s``) and its node's state table decides to take over.
+leader (``silent_s``), whether it was in sync (``in_sync``: it acked in the current
+epoch) and the link's state (``link_state``), and its node's state table decides. A link
+with no frame for ``stall_s`` is closed (a stalled TCP connection looks open). A leader
+that refuses us (a wrong key, another slave, a pairing token it does not know) is an
+operator's problem: one ERROR line with the cause in words, and retries back off to
+``REFUSED_BACKOFF_S``.
 """
 
 from __future__ import annotations
@@ -21,12 +27,12 @@ import contextlib
 import functools
 import logging
 import random
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import aiohttp
 
+from kapok.clock import loop_time
 from kapok.config import ReplicationConfig
 from kapok.core.replay import Mirror
 from kapok.errors import KapokError, ReplicationError, SyncRefusedError
@@ -50,7 +56,21 @@ log = logging.getLogger("kapok.replication")
 
 START_TIMEOUT_S = 30.0
 BACKOFF_S = (0.1, 2.0)  # reconnect delays: first, cap (exponential with full jitter)
+REFUSED_BACKOFF_S = 30.0  # the cap once the leader refused us: a person must act first
 PRUNE_EVERY_S = 1.0
+
+# Why a leader refused us, in words an operator acts on (``link_state`` shows the key).
+_REFUSALS = {
+    "wrong key": "the master refused our key: check mq.secret_key on both nodes",
+    "throttled": "the master throttles this address after wrong keys: check mq.secret_key",
+    "paired": "the master is paired with another slave: unpair it first (kapok replication unpair)",
+    "stranger": "the master does not know our pairing token: it was paired anew; unpair it first",
+    "behind": "we fell out of the master's backlog: a full transfer follows",
+}
+
+
+class _HandedOver(Exception):
+    """The leader handed its role to us: this follower's work is done."""
 
 
 class Host(Protocol):
@@ -72,7 +92,7 @@ class Host(Protocol):
 
     def now(self) -> float: ...
 
-    def adopt(self, leader: str, url: str, epoch: int, history: History) -> None: ...
+    def adopt(self, leader: str, epoch: int, history: History, token: str) -> None: ...
 
     async def receive_transfer(
         self, lsn: int, shared: int, chunks: Callable[[], Awaitable[bytes | None]]
@@ -82,20 +102,28 @@ class Host(Protocol):
 
     def newer_than_leader(self) -> None: ...
 
+    def ask_back(self) -> bool: ...
+
 
 class Follower:
-    def __init__(self, cfg: ReplicationConfig, host: Host, leader_url: str, *, heartbeat_s: float) -> None:
+    def __init__(
+        self, cfg: ReplicationConfig, host: Host, leader_url: str, *, heartbeat_s: float, stall_s: float
+    ) -> None:
         self.cfg = cfg
         self.host = host
         self.leader_url = leader_url.rstrip("/")
         self.heartbeat_s = heartbeat_s
+        self.stall_s = stall_s
         self.link: SyncLink | None = None
         self.leader_name: str | None = None
-        self.last_heard = time.monotonic()
+        self.last_heard = loop_time()
         self.lag: tuple[int, int, float] | None = None  # as the leader last reported it
         self.durable = 0  # the end of what the WAL has made durable
         self._acked = 0
         self.refusals = 0  # times the master refused us (paired with another slave...)
+        self.link_state = "connecting"  # up, down, or refused (why): for the console and the CLI
+        self.in_sync = False  # acked in the current epoch: only then may this node take over
+        self.handed_over = False
         self._ack_wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._rng = random.Random()
@@ -118,17 +146,29 @@ class Follower:
 
     def silent_s(self) -> float:
         heard = self.link.last_heard if self.link is not None else self.last_heard
-        return time.monotonic() - max(heard, self.last_heard)
+        return loop_time() - max(heard, self.last_heard)
 
     # ------------------------------------------------------------ the connection
 
     async def _run(self) -> None:
         failures = 0
+        refused_why = ""
         async with aiohttp.ClientSession() as http:
-            while True:
+            while not self.handed_over:
+                why = ""
                 try:
                     await self._session(http)
                     failures = 0
+                except _HandedOver:
+                    return
+                except aiohttp.WSServerHandshakeError as exc:
+                    why = {401: "wrong key", 429: "throttled"}.get(exc.status, "")
+                    if not why:
+                        log.info("sync link to %s: %s %s", self.leader_url, exc.status, exc.message)
+                except SyncRefusedError as exc:
+                    why = exc.why if exc.why in _REFUSALS else ""
+                    if not why:
+                        log.warning("sync link to %s: %s", self.leader_url, exc.message)
                 except (OSError, aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
                     log.info("sync link to %s: %s", self.leader_url, exc or type(exc).__name__)
                 except KapokError as exc:
@@ -138,9 +178,21 @@ class Follower:
                         self.last_heard = max(self.last_heard, self.link.last_heard)
                         await self.link.close()
                         self.link = None
+                if why == "behind":
+                    self.in_sync = False
+                elif why:
+                    self.refusals += 1
+                    if why != refused_why:  # once per cause: the state shows it meanwhile
+                        log.error("sync link to %s refused: %s", self.leader_url, _REFUSALS[why])
+                refused_why = why if why != "behind" else ""
+                self.link_state = f"refused ({why})" if refused_why else "down"
                 failures += 1
                 first, cap = BACKOFF_S
-                await asyncio.sleep(self._rng.uniform(0, min(cap, first * 2**failures)))
+                if refused_why:
+                    cap = REFUSED_BACKOFF_S
+                await asyncio.sleep(
+                    self._rng.uniform(cap / 2 if refused_why else 0, min(cap, first * 2**failures))
+                )
 
     async def _session(self, http: aiohttp.ClientSession) -> None:
         headers = {"Authorization": f"Bearer {self.host.secret}"}
@@ -161,25 +213,31 @@ class Follower:
             history=[list(h) for h in state.history],
             lsn=wal.next_lsn,
             role=self.host.configured_role,
+            token=state.token or "",
+            ask_back=self.host.ask_back(),
         )
         try:
             start = await link.receive_control("start", START_TIMEOUT_S)
         except SyncRefusedError as exc:
-            self.refusals += 1
             if exc.why == "newer_epoch":  # the other node was the stale one: it steps down
                 self.host.newer_than_leader()
             raise
         epoch = get_int(start, "epoch")
         history = history_from_json(start.get("history"))
         self.leader_name = get_str(start, "leader")
+        token = get_str(start, "token")
         lsn = get_int(start, "lsn")
+        if epoch < state.epoch:
+            raise ReplicationError(f"the master leads at epoch {epoch}, ours is {state.epoch}")
         if start.get("mode") == "full":
+            self.in_sync = False
             await self.host.receive_transfer(lsn, get_int(start, "shared"), lambda: self._chunk(link))
         elif lsn != self.host.wal.next_lsn:
             raise ReplicationError(f"the master resumes at {lsn}, our log ends at {self.host.wal.next_lsn}")
-        self.host.adopt(self.leader_name, get_str(start, "http_url"), epoch, history)
+        self.host.adopt(self.leader_name, epoch, history, token)
         self.durable = self.host.wal.next_lsn
         self._acked = -1  # so the first ack says where we are
+        self.link_state = "up"
         log.info("following %s from LSN %d (epoch %d, %s)", self.leader_name, lsn, epoch, start.get("mode"))
         sender = asyncio.get_running_loop().create_task(self._send(link))
         try:
@@ -191,7 +249,7 @@ class Follower:
 
     async def _chunk(self, link: SyncLink) -> bytes | None:
         """The next snapshot chunk of a full transfer; None at its end."""
-        frame = await link.receive(START_TIMEOUT_S)
+        frame = await link.receive(max(self.stall_s, START_TIMEOUT_S))
         if frame is None:
             raise ConnectionResetError("the sync link closed during a full transfer")
         if isinstance(frame, dict):
@@ -209,9 +267,14 @@ class Follower:
     async def _receive(self, link: SyncLink) -> None:
         wal = self.host.wal
         mirror = self.host.mirror
-        pruned = time.monotonic()
+        pruned = loop_time()
         while True:
-            frame = await link.receive()
+            try:
+                frame = await link.receive(self.stall_s)
+            except TimeoutError:
+                raise ConnectionResetError(
+                    f"no frame from the master in {self.stall_s} s: a stalled link"
+                ) from None
             if frame is None:
                 return
             if isinstance(frame, bytes):
@@ -230,8 +293,8 @@ class Follower:
                 )
                 for record in records:
                     mirror.apply(record)
-                now = time.monotonic()
-                if now - pruned >= PRUNE_EVERY_S:
+                now = loop_time()
+                if now - pruned >= PRUNE_EVERY_S or mirror.over_retention:
                     pruned = now
                     mirror.prune(self.host.now())
             else:
@@ -250,9 +313,11 @@ class Follower:
                 raise ReplicationError(f"hand-over at LSN {lsn}, but our log ends at {wal.next_lsn}")
             await wal.flush()
             await self.host.take_over(epoch)
-            await link.send_control("promoted", epoch=epoch)
+            self.handed_over = True
+            with contextlib.suppress(ConnectionError):
+                await link.send_control("promoted", epoch=epoch)
+            raise _HandedOver
         elif op == "refused":
-            self.refusals += 1
             raise refused(frame)
         else:
             raise ReplicationError(f"the master sent {op!r}")
@@ -269,7 +334,8 @@ class Follower:
             if self.durable > self._acked:
                 self._acked = self.durable
                 await link.send_control("ack", lsn=self._acked)
-            now = time.monotonic()
+                self.in_sync = True
+            now = loop_time()
             if now - last_ping >= self.heartbeat_s:
                 last_ping = now
                 await link.send_control("ping", epoch=self.host.state.epoch, lsn=self.durable)

@@ -2,13 +2,18 @@
 
 While a node leads, its WAL hands every encoded batch to ``Leader.offer`` (the backlog),
 whether a follower is connected or not, so a follower that comes back can resume. One
-follower session at a time: ``serve`` answers its ``hello`` with a resume or a full
-transfer (``protocol``), then a sender streams the backlog from the follower's position
-and a receiver takes its acks. In sync mode ``confirm`` turns a publish's local
+follower session at a time: ``serve`` checks its ``hello`` (the partner's name and the
+pairing token; a stranger is refused and changes nothing; a live session is never
+displaced), answers with a resume or a full transfer (``protocol``), then a sender
+streams the backlog from the follower's position and a receiver takes its acks, each
+capped at what this session sent. In sync mode ``confirm`` turns a publish's local
 durability future into one that also waits for the follower's ack of the same LSN, or
 fails with ``replication_unavailable`` after ``sync_timeout_ms``: never a silent
-downgrade. A follower too slow for the backlog is cut off (and comes back for a full
-transfer); it never slows the leader down.
+downgrade. The one exception is ``alone``, which only the node's state table sets (the
+follower is gone and this node sees the cluster's majority): then a write is confirmed
+by this node's durability, and says so. A follower too slow for the backlog is cut off
+(and comes back for a full transfer); it never slows the leader down; a link silent for
+``stall_s`` is closed.
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ import asyncio
 import contextlib
 import logging
 import math
-import time
+import secrets
 from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kapok.clock import loop_time
 from kapok.config import ReplicationConfig
 from kapok.core.broker import Broker
 from kapok.core.replay import state_records
@@ -28,7 +34,6 @@ from kapok.errors import ReplicationError, ReplicationUnavailableError, Replicat
 from kapok.replication.backlog import Backlog
 from kapok.replication.link import SyncLink
 from kapok.replication.protocol import (
-    SNAPSHOT,
     encode_records,
     get_int,
     get_str,
@@ -36,7 +41,7 @@ from kapok.replication.protocol import (
     shared_end,
 )
 from kapok.replication.state import PairState
-from kapok.storage.records import encode_batch
+from kapok.replication.transfer import send_transfer
 
 if TYPE_CHECKING:
     from kapok.storage.wal import WriteAheadLog
@@ -46,7 +51,6 @@ __all__ = ["Leader", "Pair"]
 log = logging.getLogger("kapok.replication")
 
 HELLO_TIMEOUT_S = 10.0
-TRANSFER_BATCH = 5000  # records per snapshot frame; the event loop runs between frames
 
 
 class Pair(Protocol):
@@ -66,29 +70,40 @@ class Pair(Protocol):
 
     def now(self) -> float: ...
 
-    def record_partner(self, name: str, url: str) -> None: ...
+    def record_partner(self, name: str, url: str, token: str) -> None: ...
 
-    def newer_partner(self, epoch: int, url: str) -> None: ...
+    def newer_partner(self, epoch: int) -> None: ...
 
 
 class _Session:
-    def __init__(self, link: SyncLink, name: str, url: str, configured_role: str, position: int) -> None:
+    def __init__(self, link: SyncLink, name: str, url: str, ask_back: bool, position: int) -> None:
         self.link = link
         self.name = name
         self.url = url
-        self.configured_role = configured_role
+        self.ask_back = ask_back  # a returning master that wants its role back (give-back)
         self.position = position  # the next LSN to send
         self.acked = -1  # the follower's durable end, once it says (a resume knows it already)
         self.promoted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.handover: tuple[int, int] | None = None  # (LSN, epoch): sent once position reaches LSN
+        self.cut = asyncio.Event()  # set to end the session from outside (fell out of the backlog)
 
 
 class Leader:
     def __init__(
-        self, cfg: ReplicationConfig, pair: Pair, *, heartbeat_s: float, partner_gone: bool = False
+        self,
+        cfg: ReplicationConfig,
+        pair: Pair,
+        *,
+        heartbeat_s: float,
+        stall_s: float,
+        partner_gone: bool = False,
     ) -> None:
         self.cfg = cfg
         self.pair = pair
         self.heartbeat_s = heartbeat_s
+        self.stall_s = stall_s
+        self.alone = False  # sync mode: confirm writes without the follower (the node decides)
+        self.bad_frames = 0  # sessions ended for a frame that broke the rules (a forged ack...)
         self.backlog = Backlog(cfg.backlog_bytes, pair.wal.next_lsn)
         self.session: _Session | None = None
         self.full_transfers = 0
@@ -97,7 +112,7 @@ class Leader:
         # No follower yet. After a takeover the partner is known to be gone: a paired sync
         # master refuses writes at once rather than accept what it cannot confirm. Otherwise
         # (start-up, a hand-over) the slave is expected within sync_timeout_ms.
-        self.link_lost_at = -math.inf if partner_gone else time.monotonic()
+        self.link_lost_at = -math.inf if partner_gone else loop_time()
         self._wake = asyncio.Event()
         self._waiters: deque[tuple[int, asyncio.Future[None], float]] = deque()
         self._expiry: asyncio.TimerHandle | None = None
@@ -108,6 +123,9 @@ class Leader:
         """A batch the WAL just encoded (``kapok.storage.wal.ReplicaSink``)."""
         self.backlog.offer(first_lsn, count, payload, self.pair.now())
         self._wake.set()
+        session = self.session
+        if session is not None and session.acked >= 0 and not self.backlog.holds(session.acked):
+            session.cut.set()  # it cannot resume from there: cut off, it comes back for a full transfer
 
     @property
     def link_up(self) -> bool:
@@ -116,8 +134,8 @@ class Leader:
     def silent_s(self) -> float:
         """Seconds since the follower was last heard (since the link was lost, when it is)."""
         if self.session is None:
-            return time.monotonic() - self.link_lost_at
-        return time.monotonic() - self.session.link.last_heard
+            return loop_time() - self.link_lost_at
+        return loop_time() - self.session.link.last_heard
 
     def lag(self) -> tuple[int, int, float] | None:
         """The follower's lag: records, bytes, seconds (None without a follower)."""
@@ -138,7 +156,7 @@ class Leader:
         """Sync mode: refuse a publish up front (nothing is stored) while the paired slave
         has been gone too long."""
         gone = not self.link_up and self.silent_s() * 1000 >= self.cfg.sync_timeout_ms
-        if self.cfg.mode == "sync" and self.pair.state.paired and gone:
+        if self.cfg.mode == "sync" and self.pair.state.paired and gone and not self.alone:
             raise ReplicationUnavailableError(
                 f"sync replication: the paired slave {self.pair.state.partner} is not connected"
             )
@@ -146,7 +164,7 @@ class Leader:
     def confirm(self, local: asyncio.Future[None] | None) -> asyncio.Future[None] | None:
         """What a publish's confirmation waits for: ``local`` and, in sync mode with a
         pairing, the follower's durable ack of everything logged so far."""
-        if self.cfg.mode != "sync" or not self.pair.state.paired:
+        if self.cfg.mode != "sync" or not self.pair.state.paired or self.alone:
             return local
         end = self.pair.wal.next_lsn
         if self.session is not None and self.session.acked >= end:
@@ -186,6 +204,10 @@ class Leader:
                 future.exception()  # retrieved here: the producer is told through its reply
         self._arm_expiry()
 
+    def release_waiters(self) -> None:
+        """Going alone: what waits for the follower is confirmed by this node's log alone."""
+        self._acked(self.pair.wal.next_lsn)
+
     def fail_waiters(self, exc: Exception) -> None:
         while self._waiters:
             _, future, _ = self._waiters.popleft()
@@ -201,22 +223,34 @@ class Leader:
         name, url = get_str(hello, "node"), get_str(hello, "http_url")
         epoch, end = get_int(hello, "epoch"), get_int(hello, "lsn")
         history = history_from_json(hello.get("history"))
+        token = get_str(hello, "token", "")
         state = self.pair.state
         if state.partner not in (None, name):
             await self._refuse(
                 link, "paired", f"{self.pair.name} is paired with {state.partner}; unpair it first"
             )
             return
-        if epoch > state.epoch:  # the other node led later than we did: we are the stale one
+        if state.token is not None and not secrets.compare_digest(token, state.token):
+            await self._refuse(
+                link, "stranger", f"{name} did not show this pair's token; unpair {self.pair.name} first"
+            )
+            return
+        if epoch > state.epoch:  # the other node says it led later: the node checks, then steps down
             await self._refuse(
                 link, "newer_epoch", f"epoch {epoch} is newer than {self.pair.name}'s {state.epoch}"
             )
-            self.pair.newer_partner(epoch, url)
+            self.pair.newer_partner(epoch)
             return
-        if self.session is not None:  # the same follower reconnected: the old link is dead
-            await self.session.link.close("replaced by a new connection")
-        if state.partner is None:
-            self.pair.record_partner(name, url)
+        old = self.session
+        if old is not None:
+            if loop_time() - old.link.last_heard < self.stall_s:
+                await self._refuse(
+                    link, "busy", f"{name} is already connected; a live session is never replaced"
+                )
+                return
+            old.cut.set()  # silent past the stall limit: that connection is dead
+        if state.partner is None or state.token is None:
+            self.pair.record_partner(name, url, state.token or secrets.token_hex(16))
         await self.pair.wal.flush()  # every record logged so far is in the backlog now
         leader_end = self.pair.wal.next_lsn
         shared = shared_end(history, end, self.pair.state.history, leader_end)
@@ -225,6 +259,7 @@ class Leader:
             "http_url": self.pair.http_url,
             "epoch": self.pair.state.epoch,
             "history": [list(h) for h in self.pair.state.history],
+            "token": self.pair.state.token,
         }
         if shared == end and self.backlog.holds(end):
             self.resumes += 1
@@ -234,15 +269,17 @@ class Leader:
         else:
             self.full_transfers += 1
             position = await self._full_transfer(link, name, end, shared, start_fields)
-        session = self.session = _Session(link, name, url, get_str(hello, "role", "slave"), position)
+        session = self.session = _Session(link, name, url, hello.get("ask_back") is True, position)
         if position == end:
             session.acked = end
         try:
-            await _first_done(self._send(session), self._receive(session))
+            await _first_done(self._send(session), self._receive(session), session.cut.wait())
         finally:
             if self.session is session:
                 self.session = None
-                self.link_lost_at = time.monotonic()
+                self.link_lost_at = loop_time()
+            if session.cut.is_set():
+                log.warning("cut off %s: it fell out of the backlog or stopped answering", name)
             log.warning("the sync link to %s is down", name)
 
     async def _refuse(self, link: SyncLink, why: str, reason: str) -> None:
@@ -266,15 +303,8 @@ class Leader:
             shared,
         )
         await link.send_control("start", mode="full", lsn=lsn, shared=shared, **start_fields)
-        pending = []
-        for record in state_records(self.pair.broker, self.pair.now()):
-            pending.append(record)
-            if len(pending) >= TRANSFER_BATCH:
-                await link.send_binary(SNAPSHOT + encode_batch(pending))
-                pending.clear()
-        if pending:
-            await link.send_binary(SNAPSHOT + encode_batch(pending))
-        await link.send_control("snapshot_end", lsn=lsn)
+        # In slices, encoded off the loop: the master keeps serving (transfer.py says why).
+        await send_transfer(link, state_records(self.pair.broker, self.pair.now()), lsn)
         return lsn
 
     async def _send(self, session: _Session) -> None:
@@ -292,7 +322,11 @@ class Leader:
             for batch in batches:
                 await link.send_binary(encode_records(batch.first_lsn, batch.count, batch.payload))
                 session.position = batch.end
-            now = time.monotonic()
+            if session.handover is not None and session.position >= session.handover[0]:
+                lsn, epoch = session.handover  # after every record before it, in order
+                session.handover = None
+                await link.send_control("handover", lsn=lsn, epoch=epoch)
+            now = loop_time()
             if now - last_ping >= self.heartbeat_s:
                 last_ping = now
                 await link.send_control(
@@ -305,24 +339,33 @@ class Leader:
     async def _receive(self, session: _Session) -> None:
         link = session.link
         while True:
-            frame = await link.receive()
+            try:
+                frame = await link.receive(self.stall_s)
+            except TimeoutError:
+                log.warning("no frame from %s in %.1f s: a stalled link, closed", session.name, self.stall_s)
+                return
             if frame is None:
                 return
             if isinstance(frame, bytes):
+                self.bad_frames += 1
                 raise ReplicationError("a slave sent a binary frame")
             op = frame["op"]
             if op == "ack":
-                session.acked = max(session.acked, get_int(frame, "lsn"))
+                lsn = get_int(frame, "lsn")
+                if lsn > session.position:
+                    self.bad_frames += 1
+                    raise ReplicationError(
+                        f"{session.name} acked LSN {lsn}, but was sent only up to {session.position}"
+                    )
+                session.acked = max(session.acked, lsn)
                 self._acked(session.acked)
             elif op == "ping":
-                epoch = get_int(frame, "epoch")
-                if epoch > self.pair.state.epoch:
-                    self.pair.newer_partner(epoch, session.url)
-                    return
+                get_int(frame, "epoch")  # epochs are learned from gossip or /health, never from a ping
             elif op == "promoted":
                 if not session.promoted.done():
                     session.promoted.set_result(get_int(frame, "epoch"))
             else:
+                self.bad_frames += 1
                 raise ReplicationError(f"a slave sent {op!r}")
 
     # ------------------------------------------------------------ hand-over
@@ -338,8 +381,9 @@ class Leader:
         end = self.pair.wal.next_lsn
         epoch = self.pair.state.epoch + 1
         log.info("handing over to %s at LSN %d, epoch %d", session.name, end, epoch)
+        session.handover = (end, epoch)  # the sender sends it after the last record before it
+        self._wake.set()
         try:
-            await session.link.send_control("handover", lsn=end, epoch=epoch)
             confirmed = await asyncio.wait_for(asyncio.shield(session.promoted), timeout_s)
         except (TimeoutError, ConnectionError):
             return None

@@ -7,11 +7,11 @@ wrapper (``kapok.faulty``) can cut or slow the link in the partition tests.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Protocol
 
 from aiohttp import WSCloseCode, WSMessage, WSMsgType
 
+from kapok.clock import loop_time
 from kapok.errors import ReplicationError, SyncRefusedError
 from kapok.replication.protocol import decode_control, encode_control
 
@@ -38,7 +38,7 @@ class _WebSocket(Protocol):
 class SyncLink:
     def __init__(self, ws: _WebSocket) -> None:
         self.ws = ws
-        self.last_heard = time.monotonic()
+        self.last_heard = loop_time()
         self.bytes_in = 0
         self.bytes_out = 0
 
@@ -87,7 +87,7 @@ class SyncLink:
             await self.ws.close(code=WSCloseCode.GOING_AWAY, message=reason.encode()[:120])
 
     def _heard(self, size: int) -> None:
-        self.last_heard = time.monotonic()
+        self.last_heard = loop_time()
         self.bytes_in += size
 
 

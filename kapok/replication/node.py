@@ -4,7 +4,8 @@
 driver of that role: a ``Leader`` (backlog, follower session, sync confirmations) or a
 ``Follower`` (the link to the leader and the mirror). A watchdog gathers the facts (the
 link, the gossip view, the partner's epoch) every tick and asks the state table
-(``protocol.assess``) what to do; every transition runs under one lock:
+(``protocol.assess``) what to do; every transition runs under one lock, and the role
+changes only through ``protocol.transition`` (``_become``):
 
 * lead (start-up, take-over, hand-over received): end following, raise the epoch when
   asked (durably, with the LSN it starts at), make the mirror live (in-flight messages
@@ -12,7 +13,13 @@ link, the gossip view, the partner's epoch) every tick and asks the state table
 * follow (start-up, a higher epoch seen, hand-over given): refuse clients and close
   their connections, reopen the store as a mirror, dial the leader;
 * fence / unfence: a leader cut off from its follower and from the majority of the
-  cluster refuses writes until either is back.
+  cluster refuses writes until the majority is back *and* it has learned, from gossip or
+  its partner's ``/health``, that no node of its pair leads at a higher epoch;
+* alone / back in sync (sync mode): a leader whose follower is gone (link silent, gossip
+  agrees) confirms writes by itself while it sees the majority, says so (WARNING, gossip
+  ``alone_since``, ``/health``), and stops once the follower holds its log again;
+* stop: a master stopped on purpose hands its role to a caught-up follower exactly once,
+  and never takes it back.
 
 Start-up picks the first role from what this node remembers and what its partner's
 ``/health`` says (``first_role``). The service asks ``gate`` before serving a client.
@@ -23,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
+import math
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,15 +38,16 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
-from kapok.cluster.messages import State
+from kapok.clock import Clock
+from kapok.cluster.messages import NodeState, State
 from kapok.cluster.node import GossipNode
 from kapok.config import Config
 from kapok.core.broker import Broker
 from kapok.core.replay import Mirror
-from kapok.errors import FencedError, NotActiveError
+from kapok.errors import FencedError, NotActiveError, ReplicationError
 from kapok.replication.follower import Follower
 from kapok.replication.leader import Leader
-from kapok.replication.protocol import Action, Facts, History, Role, assess, leads_at_start
+from kapok.replication.protocol import Action, Event, Facts, History, Role, assess, leads_at_start, transition
 from kapok.replication.state import PairState
 from kapok.replication.transfer import receive_transfer
 from kapok.storage.disk import DiskStore
@@ -62,8 +70,13 @@ class Service(Protocol):
     gate: Callable[[bool], None] | None
     confirm: Callable[[asyncio.Future[None] | None], asyncio.Future[None] | None] | None
 
+    clock: Clock
+
     @property
     def http_url(self) -> str: ...
+
+    @property
+    def advertised_url(self) -> str: ...
 
     def now(self) -> float: ...
 
@@ -95,6 +108,9 @@ class ReplicationNode:
         self.follower: Follower | None = None
         self._mirror: Mirror | None = None
         self.heartbeat_s = min(1.0, self.cfg.failover_timeout_s / 4)
+        # A link with no frame for this long is dead, whatever TCP says (pings flow every
+        # heartbeat); a follower never takes over before failover_timeout_s anyway.
+        self.stall_s = max(self.cfg.failover_timeout_s, 3 * self.heartbeat_s)
         self.takeovers = 0
         self.hand_overs = 0
         self.step_downs = 0
@@ -104,12 +120,46 @@ class ReplicationNode:
         self._lock = asyncio.Lock()
         self._watchdog: asyncio.Task[None] | None = None
         self._following_url = ""
+        self._retired: Follower | None = None  # a follower that handed over: its task ends itself
+        self._stopping = False
+        self.alone_since: int | None = None  # sync leader confirming alone since this LSN
+        self._fence_incarnation = -1  # the partner's gossip incarnation when we fenced
+        self._partner_health: tuple[int, bool] | None = None  # (epoch, active) from its /health, fenced
+        self._probe_task: asyncio.Task[None] | None = None
+        self.pause_s = self.cfg.failover_timeout_s / 2  # a watchdog tick this late: we were frozen
+        self._last_tick = -math.inf  # no tick yet: start() sets it
+        self._doubt_since = self._doubt_until = -math.inf
 
     # ------------------------------------------------------------ what the drivers use
 
     @property
     def http_url(self) -> str:
-        return self.service.http_url
+        """The URL this node gives out: the one it advertises in gossip."""
+        return self.service.advertised_url
+
+    def partner_url(self) -> str:
+        """Where the partner is: a configured slave's master is what the operator wrote;
+        otherwise what the partner advertises in gossip, or said when it paired."""
+        if self.configured_role == "slave" and self.cfg.master:
+            return self.cfg.master
+        row = self._partner_row()
+        if row is not None and row.meta.http_url:
+            return str(row.meta.http_url)
+        return self.state.partner_url or ""
+
+    def ask_back(self) -> bool:
+        """A follower asks for its role back only as a returning configured master."""
+        return self.configured_role == "master" and self.cfg.give_back and not self._stopping
+
+    @property
+    def replication(self) -> str:
+        """What a write of this node waits for: ``sync`` (the follower), ``alone`` (this
+        node only, its follower gone), ``async``; ``none`` when it takes no writes."""
+        if self.role is not Role.LEADER:
+            return "none"
+        if self.alone_since is not None:
+            return "alone"
+        return self.cfg.mode if self.state.paired else "unpaired"
 
     @property
     def broker(self) -> Broker:
@@ -131,7 +181,17 @@ class ReplicationNode:
 
     @property
     def active(self) -> bool:
-        return self.role is Role.LEADER
+        return self.role is Role.LEADER and not self.in_doubt()
+
+    def in_doubt(self) -> bool:
+        """A paired node whose watchdog has not run for ``pause_s`` was frozen (SIGSTOP, a
+        stalled VM, a starved loop): what it knows is old, and its partner may have taken
+        over meanwhile. It serves nothing until it has heard from its partner again (the
+        link, or its ``/health``), or a failover timeout has refreshed its gossip view."""
+        if not self.state.paired or self.role is not Role.LEADER:
+            return False
+        now = asyncio.get_running_loop().time()
+        return now - self._last_tick > self.pause_s or now < self._doubt_until
 
     @property
     def pair_id(self) -> str:
@@ -145,27 +205,40 @@ class ReplicationNode:
         state.save(self.directory)
         self._on_change()
 
-    def record_partner(self, name: str, url: str) -> None:
-        log.info("paired with %s (%s)", name, url)
-        self._save(self.state.paired_with(name, url))
+    def _become(self, event: Event) -> None:
+        self.role = transition(self.role, event)
+        self._on_change()
 
-    def adopt(self, leader: str, url: str, epoch: int, history: History) -> None:
-        state = self.state.following(epoch, history).paired_with(leader, url)
+    def record_partner(self, name: str, url: str, token: str) -> None:
+        log.info("paired with %s (%s)", name, url)
+        self._save(self.state.paired_with(name, url, token))
+
+    def adopt(self, leader: str, epoch: int, history: History, token: str) -> None:
+        state = self.state.following(epoch, history).paired_with(leader, self.partner_url() or None, token)
         if state != self.state:
             self._save(state)
 
-    def newer_partner(self, epoch: int, url: str) -> None:
-        """The partner leads (or led) at a higher epoch: stop leading, follow it."""
-        asyncio.get_running_loop().create_task(self._step_down(epoch, url))
+    def newer_partner(self, epoch: int) -> None:
+        """The paired partner says it led at a higher epoch: believe it only once its own
+        ``/health`` (or gossip, through the watchdog) shows it active at that epoch."""
+        self._spawn_probe()
 
     def newer_than_leader(self) -> None:
-        """The node we dialled is behind our epoch: it steps down, we lead."""
-        asyncio.get_running_loop().create_task(self._locked(self._lead(None, "our epoch is the newer one")))
+        """The node we dialled is behind our epoch: it steps down, we lead. Only a follower
+        that was in sync may; otherwise it waits for the facts (or an operator)."""
+        follower = self.follower
+        if follower is not None and follower.in_sync:
+            asyncio.get_running_loop().create_task(
+                self._locked(self._lead(Event.TAKE_OVER, None, "our epoch is the newer one"))
+            )
 
     async def take_over(self, epoch: int | None) -> None:
-        """Hand-over received: the leader told us to lead at ``epoch``."""
-        await self._lead(epoch, "the master handed over", stop_follower=False)
-        self.hand_overs += 1
+        """Hand-over received: the leader told us to lead at ``epoch`` (called from the
+        follower's own task, which ends once it has answered)."""
+        async with self._lock:
+            self._retired, self.follower = self.follower, None
+            await self._lead(Event.PROMOTED, epoch, "the master handed over")
+            self.hand_overs += 1
 
     async def receive_transfer(
         self, lsn: int, shared: int, chunks: Callable[[], Awaitable[bytes | None]]
@@ -180,15 +253,18 @@ class ReplicationNode:
 
     def gate(self, publish: bool) -> None:
         role = self.role
+        if role is Role.LEADER and self.in_doubt():
+            raise NotActiveError(f"{self.name} was frozen and is checking its partner before it serves again")
         if role is Role.LEADER:
             if publish and self.leader is not None:
                 self.leader.check_writable()
             return
         if role is Role.FENCED:
             raise FencedError(
-                f"{self.name} has lost its slave and sees fewer than half of the cluster: it takes no writes"
+                f"{self.name} has lost its slave and sees fewer than half of the cluster, or has not yet "
+                "learned its partner's epoch: it takes no writes"
             )
-        where = self._following_url or self.state.partner_url or self.cfg.master or "its master"
+        where = self._following_url or self.partner_url() or "its master"
         raise NotActiveError(f"{self.name} is a passive slave; its master is {where}")
 
     def confirm(self, local: asyncio.Future[None] | None) -> asyncio.Future[None] | None:
@@ -200,19 +276,20 @@ class ReplicationNode:
     async def start(self) -> None:
         self.service.gate = self.gate
         self.service.confirm = self.confirm
+        self._last_tick = asyncio.get_running_loop().time()
         role, url = await self._first_role()
         async with self._lock:
             if role is Role.LEADER:
-                await self._lead(None, "start-up")
+                await self._lead(Event.LEAD, None, "start-up")
             else:
-                await self._follow(url, "start-up", reopen=False)
+                await self._follow(Event.FOLLOW, url, "start-up", reopen=False)
         self._watchdog = asyncio.get_running_loop().create_task(self._watch())
 
     async def _first_role(self) -> tuple[Role, str]:
         state = self.state
-        url = state.partner_url or self.cfg.master
+        url = self.partner_url()
         health = await _probe(url) if state.paired else None
-        partner = None if health is None else (int(health.get("epoch", 0)), bool(health.get("active")))
+        partner = None if health is None else _epoch_active(health)
         lead = leads_at_start(
             paired=state.paired, configured_master=self.configured_role == "master",
             epoch=state.epoch, leading=state.leading, partner=partner,
@@ -225,67 +302,80 @@ class ReplicationNode:
         return (Role.LEADER, "") if lead else (Role.FOLLOWER, url)
 
     async def aclose(self) -> None:
-        """Stop; a master stopped on purpose first hands its role to a caught-up slave (when
-        ``give_back`` will bring the role home again), so no failover timeout is waited out."""
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watchdog
+        """Stop. A master stopped on purpose first hands its role to its follower, once: it
+        closes its clients (so the log stops growing), waits up to ``failover_timeout_s``
+        for the follower to hold its last LSN, hands over at the next epoch, and never
+        takes the role back (``ask_back`` is off from here on)."""
+        self._stopping = True
+        for task in (self._watchdog, self._probe_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._watchdog = self._probe_task = None
         async with self._lock:
+            if self.role is Role.STOPPED:
+                return
             leader = self.leader
             session = leader.session if leader is not None else None
-            if self.role is Role.LEADER and self.cfg.give_back and leader is not None and session is not None:
-                # Clients go first, so the log stops growing and the slave can catch up.
-                await self._close_clients(f"handing over to {session.url}")
+            if self.role is Role.LEADER and leader is not None and session is not None and leader.link_up:
+                await self._close_clients(f"handing over to {self.partner_url() or session.url}")
                 if await self._catch_up(leader, self.cfg.failover_timeout_s):
                     await self._hand_over(stopping=True)
+            self._stopped()
             await self._stop_drivers()
+
+    def _stopped(self) -> None:
+        if self.role is not Role.STOPPED:  # a hand-over before the stop got there already
+            self._become(Event.STOP)
 
     async def _catch_up(self, leader: Leader, timeout_s: float) -> bool:
         """Whether the follower holds everything logged, after waiting up to ``timeout_s``
-        for its acks (its last ones are usually in flight: the closed clients' requeues),
-        but no longer than the failover timeout, which a hand-over is there to beat."""
-        deadline = time.monotonic() + timeout_s
+        for its acks (its last ones are usually in flight: the closed clients' requeues)."""
+        clock = self.service.clock
+        deadline = clock.time() + timeout_s
         await self.wal.flush()
         if not leader.caught_up() and leader.session is not None:
             name = leader.session.name
             log.info("waiting up to %.1f s for %s to catch up before handing over", timeout_s, name)
         while not leader.caught_up():
-            if leader.session is None or time.monotonic() >= deadline:
+            if leader.session is None or clock.time() >= deadline:
                 log.warning("%s did not catch up: stopping without a hand-over", self.state.partner)
                 return False
             await asyncio.sleep(0.01)
         return True
 
     async def _stop_drivers(self) -> None:
-        if self.follower is not None:
-            await self.follower.aclose()
-            self.follower = None
+        for follower in (self.follower, self._retired):
+            if follower is not None:
+                await follower.aclose()
+        self.follower = self._retired = None
         if self.leader is not None:
             self.wal.replica = None
             await self.leader.aclose()
             self.leader = None
+        self.alone_since = None
 
     # ------------------------------------------------------------ transitions
 
     async def _locked(self, step: Awaitable[None]) -> None:
         async with self._lock:
-            await step
+            if self.role is not Role.STOPPED:
+                await step
 
-    async def _lead(
-        self, epoch: int | None, why: str, *, stop_follower: bool = True, partner_gone: bool = False
-    ) -> None:
+    async def _lead(self, event: Event, epoch: int | None, why: str, *, partner_gone: bool = False) -> None:
         if self.role is Role.LEADER:
             return
-        if stop_follower and self.follower is not None:
-            await self.follower.aclose()
-        self.follower = None
+        follower, self.follower = self.follower, None
+        if follower is not None:
+            await follower.aclose()
         wal = self.wal
         await wal.flush()
         state = self.state if epoch is None else self.state.raised(epoch, wal.next_lsn)
-        self._save(state.with_role(True))
+        self._save(state.with_role(True))  # durable before any write is taken at this epoch
         store: DiskStore = self.service.store
-        if self.role is not Role.FENCED:
+        was_fenced = self.role is Role.FENCED
+        if not was_fenced:
             redelivered = self.mirror.promote(self.now())
             self._mirror = None
             self.service.resumed()
@@ -294,77 +384,106 @@ class ReplicationNode:
                 "now the active master (%s): epoch %d from LSN %d, %d deliveries requeued",
                 why, self.state.epoch, wal.next_lsn, redelivered,
             )  # fmt: skip
-        self.leader = Leader(self.cfg, self, heartbeat_s=self.heartbeat_s, partner_gone=partner_gone)
+        self.leader = Leader(
+            self.cfg, self, heartbeat_s=self.heartbeat_s, stall_s=self.stall_s, partner_gone=partner_gone
+        )
         wal.replica = self.leader
-        self.role = Role.LEADER
         self._following_url = ""
-        self._on_change()
+        self._become(event)
 
-    async def _follow(self, url: str, why: str, *, reopen: bool = True) -> None:
-        self.role = Role.FOLLOWER  # the gate refuses clients from here on
+    async def _follow(self, event: Event, url: str, why: str, *, reopen: bool = True) -> None:
+        self._become(event)  # the gate refuses clients from here on
         self._following_url = url
-        self._on_change()
         if reopen:
             await self._close_clients(f"this node now follows {url}")
             await self._stop_drivers()
             await self.service.reopen(DiskStore(self.service.config.storage), mirror=True)
+        elif self.follower is not None or self._retired is not None:
+            await self._stop_drivers()
         self._mirror = None
         if self.state.leading:
             self._save(self.state.with_role(False))
         log.warning("following %s (%s)", url, why)
-        self.follower = Follower(self.cfg, self, url, heartbeat_s=self.heartbeat_s)
+        self.follower = Follower(self.cfg, self, url, heartbeat_s=self.heartbeat_s, stall_s=self.stall_s)
         self.follower.start()
 
-    async def _step_down(self, epoch: int, url: str) -> None:
-        async with self._lock:
-            if self.role is Role.FOLLOWER or epoch <= self.state.epoch:
-                return
-            self.step_downs += 1
-            await self._follow(url, f"the pair's epoch is now {epoch}")
-
     async def _fence(self) -> None:
-        self.role = Role.FENCED
-        self._on_change()
+        self._become(Event.FENCE)
+        self._set_alone(None)
+        row = self._partner_row()
+        self._fence_incarnation = row.incarnation if row is not None else -1
+        self._partner_health = None
         log.error("fenced: the slave link is down and fewer than half of the cluster's members are alive")
         await self._close_clients("fenced: this master is cut off from its slave and the majority")
 
-    def _unfence(self) -> None:
-        self.role = Role.LEADER
+    def _set_alone(self, since: int | None) -> None:
+        if since == self.alone_since:
+            return
+        leader = self.leader
+        if since is not None:
+            log.warning(
+                "confirming writes alone from LSN %d: %s is gone and %s sees the majority of the cluster",
+                since, self.state.partner, self.name,
+            )  # fmt: skip
+        elif self.alone_since is not None and self.role is Role.LEADER:
+            log.warning("%s holds this node's log again: writes wait for it again", self.state.partner)
+        self.alone_since = since
+        if leader is not None:
+            leader.alone = since is not None
+            if since is not None:
+                leader.release_waiters()
         self._on_change()
-        log.warning("no longer fenced")
 
     async def _hand_over(self, *, stopping: bool = False) -> None:
-        """Give the role to the connected follower (give-back, or a stop), then follow it."""
+        """Give the role to the connected follower (give-back, or a stop), then follow it,
+        or, when stopping, only stop."""
         leader = self.leader
         if leader is None or leader.session is None:
             return
-        url = leader.session.url
-        self.role = Role.HANDING_OVER
+        url = self.partner_url() or leader.session.url
+        self._become(Event.HAND_OVER)
         self._following_url = url
-        self._on_change()
         await self._close_clients(f"handing over to {url}")
-        handed = await leader.hand_over(timeout_s=max(10.0, 3 * self.cfg.failover_timeout_s))
+        timeout_s = self.cfg.failover_timeout_s if stopping else max(10.0, 3 * self.cfg.failover_timeout_s)
+        handed = await leader.hand_over(timeout_s=timeout_s)
         if handed is None:
-            log.warning("hand-over to %s failed; staying the master", url)
-            self.role = Role.LEADER
-            self._on_change()
+            log.warning(
+                "hand-over to %s failed; %s",
+                url,
+                "stopping without one" if stopping else "staying the master",
+            )
+            self._become(Event.HAND_OVER_FAILED)
             return
         self.hand_overs += 1
         epoch, lsn = handed
         self._save(self.state.raised(epoch, lsn).with_role(False))  # our log ends where its epoch begins
+        log.warning("handed over to %s at epoch %d%s", url, epoch, " before stopping" if stopping else "")
         if stopping:
-            self.role = Role.FOLLOWER
-            log.warning("handed over to %s at epoch %d before stopping", url, epoch)
+            self._become(Event.STOP)
         else:
-            await self._follow(url, f"handed over at epoch {epoch}")
+            await self._follow(Event.HANDED, url, f"handed over at epoch {epoch}")
 
     # ------------------------------------------------------------ the watchdog
 
     async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.heartbeat_s / 2)
+            now = loop.time()
+            if now - self._last_tick > self.pause_s and self.state.paired:
+                frozen = now - self._last_tick
+                log.warning("this node was frozen for %.1f s: checking its partner before it serves", frozen)
+                self._doubt_since, self._doubt_until = now, now + self.cfg.failover_timeout_s
+                self._partner_health = None
+                self._spawn_probe()
+            self._last_tick = now
+            if now < self._doubt_until and self._doubt_cleared():
+                self._doubt_until = -math.inf
+                self._on_change()
             try:
                 async with self._lock:
+                    if self.role is Role.STOPPED:
+                        return
                     await self._act(assess(self.facts()))
             except Exception:
                 log.exception("replication watchdog step failed")
@@ -373,31 +492,45 @@ class ReplicationNode:
         if action is Action.TAKE_OVER:
             self.takeovers += 1
             epoch = max(self.state.epoch, self._partner_epoch()) + 1
-            await self._lead(
-                epoch, f"the master has been silent for {self.cfg.failover_timeout_s} s", partner_gone=True
-            )
+            why = f"the master has been silent for {self.cfg.failover_timeout_s} s"
+            await self._lead(Event.TAKE_OVER, epoch, why, partner_gone=True)
         elif action is Action.STEP_DOWN:
-            row = self._partner_row()
-            if row is not None:
-                self.step_downs += 1
-                await self._follow(row.meta.http_url, f"{row.name} leads at epoch {row.meta.epoch}")
+            self.step_downs += 1
+            epoch = max(self._partner_epoch(), self._partner_health[0] if self._partner_health else 0)
+            await self._follow(
+                Event.FOLLOW, self.partner_url(), f"{self.state.partner} leads at epoch {epoch}"
+            )
         elif action is Action.FENCE:
             await self._fence()
         elif action is Action.UNFENCE:
-            self._unfence()
+            self._become(Event.UNFENCE)
+            log.warning(
+                "no longer fenced: the majority is back and %s leads at no higher epoch", self.state.partner
+            )
         elif action is Action.GIVE_BACK:
             await self._hand_over()
+        elif action is Action.GO_ALONE:
+            self._set_alone(self.wal.next_lsn)
+        elif action is Action.BACK_IN_SYNC:
+            self._set_alone(None)
+        if self.role is Role.FENCED:
+            self._spawn_probe()  # learn the partner's epoch from its /health as well as gossip
 
     def facts(self) -> Facts:
         members = self.gossip.members() if self.gossip is not None else []
         row = self._partner_row()
-        if self.follower is not None:
-            link_up, silent = self.follower.link_up, self.follower.silent_s()
-        elif self.leader is not None:
-            link_up, silent = self.leader.link_up, self.leader.silent_s()
+        follower, leader = self.follower, self.leader
+        if follower is not None:
+            link_up, silent = follower.link_up, follower.silent_s()
+        elif leader is not None:
+            link_up, silent = leader.link_up, leader.silent_s()
         else:
             link_up, silent = False, 0.0
-        leader = self.leader
+        epoch = row.meta.epoch if row is not None else 0
+        active = row is not None and row.meta.active and row.state in (State.ALIVE, State.SUSPECT)
+        health = self._partner_health
+        if health is not None and health[1] and health[0] > epoch:
+            epoch, active = health  # its own /health: active at a higher epoch
         return Facts(
             role=self.role,
             epoch=self.state.epoch,
@@ -407,8 +540,8 @@ class ReplicationNode:
             failover_timeout_s=self.cfg.failover_timeout_s,
             gossip=self.gossip is not None,
             partner_alive=row is not None and row.state is State.ALIVE,
-            partner_epoch=row.meta.epoch if row is not None else 0,
-            partner_active=row is not None and row.meta.active and row.state in (State.ALIVE, State.SUSPECT),
+            partner_epoch=epoch,
+            partner_active=active,
             members_alive=sum(1 for m in members if m.state is State.ALIVE),
             members_total=sum(1 for m in members if m.state is not State.LEFT),
             give_back=(
@@ -416,12 +549,48 @@ class ReplicationNode:
                 and self.configured_role == "slave"
                 and leader is not None
                 and leader.session is not None
-                and leader.session.configured_role == "master"
+                and leader.session.ask_back
             ),
             partner_caught_up=leader is not None and leader.caught_up(),
+            in_sync=follower is not None and follower.in_sync,
+            partner_alone=row is not None and row.meta.alone_since is not None,
+            alone=self.alone_since is not None,
+            sync_mode=self.cfg.mode == "sync",
+            partner_confirmed=link_up or self._partner_confirmed(row),
+            in_doubt=asyncio.get_running_loop().time() < self._doubt_until,
         )
 
-    def _partner_row(self) -> Any:
+    def _partner_confirmed(self, row: NodeState | None) -> bool:
+        """Fenced: whether, since the fence, we learned that the partner leads at no higher
+        epoch than ours: from its own ``/health``, or from a gossip row newer than the one
+        we had when we fenced (a majority coming back alone says nothing about it)."""
+        mine = self.state.epoch
+        health = self._partner_health
+        if health is not None and (health[0] <= mine or not health[1]):
+            return True
+        if row is None:
+            return self.gossip is not None and not self.state.paired
+        fresh = row.incarnation > self._fence_incarnation and row.state is State.ALIVE
+        return fresh and (row.meta.epoch <= mine or not row.meta.active)
+
+    def _doubt_cleared(self) -> bool:
+        """Heard from the partner since the freeze: the link, or its /health."""
+        if self._partner_health is not None:
+            return True
+        leader = self.leader
+        heard = leader.session.link.last_heard if leader is not None and leader.session is not None else None
+        return heard is not None and heard > self._doubt_since
+
+    def _spawn_probe(self) -> None:
+        if self._probe_task is None or self._probe_task.done():
+            self._probe_task = asyncio.get_running_loop().create_task(self._probe_partner())
+
+    async def _probe_partner(self) -> None:
+        health = await _probe(self.partner_url())
+        if health is not None and health.get("node") == self.state.partner:
+            self._partner_health = _epoch_active(health)
+
+    def _partner_row(self) -> NodeState | None:
         if self.gossip is None or self.state.partner is None:
             return None
         return next((m for m in self.gossip.members() if m.name == self.state.partner), None)
@@ -440,12 +609,45 @@ class ReplicationNode:
             log.warning("unpaired from %s by the operator", self.state.partner)
             if self.leader is not None and self.leader.session is not None:
                 await self.leader.session.link.close("unpaired by the operator")
+            self._set_alone(None)
             self._save(self.state.paired_with(None, None))
+
+    async def promote(self, *, force: bool) -> None:
+        """An operator makes this follower lead (its master is gone for good). Without
+        ``force`` only a follower that was in sync may: one that was not would lose what
+        its master confirmed after it fell behind."""
+        async with self._lock:
+            follower = self.follower
+            if self.role is not Role.FOLLOWER or follower is None:
+                raise ReplicationError(f"{self.name} is not following: there is nothing to promote")
+            if not follower.in_sync and not force:
+                raise ReplicationError(
+                    f"{self.name} was not in sync with its master: promoting it may lose confirmed writes "
+                    "(use --force to accept that)"
+                )
+            log.warning("promoted by the operator%s", " (forced)" if force else "")
+            epoch = max(self.state.epoch, self._partner_epoch()) + 1
+            await self._lead(Event.PROMOTED, epoch, "promoted by the operator", partner_gone=True)
 
     def lag(self) -> tuple[int, int, float] | None:
         if self.follower is not None:
             return self.follower.lag
         return self.leader.lag() if self.leader is not None else None
+
+    def link_state(self) -> str:
+        """The sync link as an operator reads it: up, down, refused (why), alone."""
+        if self.follower is not None:
+            return self.follower.link_state
+        if self.leader is not None:
+            if self.alone_since is not None:
+                return "alone"
+            return "up" if self.leader.link_up else "down"
+        return "down"
+
+
+def _epoch_active(health: dict[str, Any]) -> tuple[int, bool]:
+    epoch = health.get("epoch", 0)
+    return (epoch if type(epoch) is int else 0, health.get("active") is True)
 
 
 async def _probe(url: str) -> dict[str, Any] | None:

@@ -39,7 +39,9 @@ from kapok.errors import ReplicationError
 __all__ = [
     "RECORDS",
     "SNAPSHOT",
+    "TRANSITIONS",
     "Action",
+    "Event",
     "Facts",
     "History",
     "Role",
@@ -52,6 +54,7 @@ __all__ = [
     "history_from_json",
     "leads_at_start",
     "shared_end",
+    "transition",
 ]
 
 History = tuple[tuple[int, int], ...]  # (epoch, the LSN of its first record), oldest first
@@ -73,15 +76,60 @@ class Role(enum.StrEnum):
     FENCED = "fenced"  # a leader that lost its follower and the majority: refuses writes
     FOLLOWER = "follower"  # mirrors the leader's log, serves no client
     HANDING_OVER = "handing_over"  # a leader giving its role away: refuses clients meanwhile
+    STOPPED = "stopped"  # stopping or stopped: serves nothing, never takes a role back
+
+
+class Event(enum.StrEnum):
+    """What changes a node's role; ``TRANSITIONS`` says from which roles and to which."""
+
+    LEAD = "lead"  # start-up decided to lead
+    FOLLOW = "follow"  # start-up decided to follow, or a higher epoch leads elsewhere
+    TAKE_OVER = "take_over"  # the follower's own decision: its leader is gone
+    PROMOTED = "promoted"  # the leader handed its role over to us, or an operator promoted us
+    FENCE = "fence"
+    UNFENCE = "unfence"
+    HAND_OVER = "hand_over"  # start giving the role away
+    HANDED = "handed"  # the follower confirmed: it leads now
+    HAND_OVER_FAILED = "hand_over_failed"
+    STOP = "stop"
+
+
+_LEADING = (Role.LEADER, Role.FENCED, Role.HANDING_OVER)
+
+# role x event -> role: the only way a node's role changes (``ReplicationNode._become``).
+TRANSITIONS: Final[dict[tuple[Role, Event], Role]] = {
+    (Role.STARTING, Event.LEAD): Role.LEADER,
+    (Role.STARTING, Event.FOLLOW): Role.FOLLOWER,
+    (Role.FOLLOWER, Event.FOLLOW): Role.FOLLOWER,  # the leader moved: dial the new one
+    (Role.FOLLOWER, Event.TAKE_OVER): Role.LEADER,
+    (Role.FOLLOWER, Event.PROMOTED): Role.LEADER,
+    (Role.LEADER, Event.FENCE): Role.FENCED,
+    (Role.FENCED, Event.UNFENCE): Role.LEADER,
+    (Role.LEADER, Event.HAND_OVER): Role.HANDING_OVER,
+    (Role.HANDING_OVER, Event.HANDED): Role.FOLLOWER,
+    (Role.HANDING_OVER, Event.HAND_OVER_FAILED): Role.LEADER,
+    **{(role, Event.FOLLOW): Role.FOLLOWER for role in _LEADING},  # a higher epoch leads
+    **{(role, Event.STOP): Role.STOPPED for role in Role},
+}
+
+
+def transition(role: Role, event: Event) -> Role:
+    """The role ``event`` leads to from ``role``; ``ReplicationError`` when it may not happen."""
+    try:
+        return TRANSITIONS[(role, event)]
+    except KeyError:
+        raise ReplicationError(f"no transition from {role.value} on {event.value}") from None
 
 
 class Action(enum.Enum):
     NONE = "none"
     TAKE_OVER = "take_over"  # follower: the leader is gone (link and gossip agree)
     FENCE = "fence"  # leader: cut off from the follower and from the majority
-    UNFENCE = "unfence"  # fenced leader: the follower or the majority is back
+    UNFENCE = "unfence"  # fenced leader: the majority is back and no higher epoch leads
     STEP_DOWN = "step_down"  # the other node leads at a higher epoch
     GIVE_BACK = "give_back"  # leader: hand the role back to the configured master
+    GO_ALONE = "go_alone"  # sync leader: the follower is gone, the majority is here: confirm alone
+    BACK_IN_SYNC = "back_in_sync"  # a leader that confirmed alone: its follower holds it all again
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,28 +148,58 @@ class Facts:
     partner_active: bool  # the partner takes clients, as gossip says
     members_alive: int  # alive members in this node's view, itself included
     members_total: int  # members in the view that have not left, itself included
-    give_back: bool = False  # this node is the configured slave, leads, and give_back is on
+    give_back: bool = False  # this node is the configured slave, leads, and its master asks back
     partner_caught_up: bool = False  # the follower's acked LSN is the log's end
+    in_sync: bool = False  # follower: it was acking its leader in the current epoch
+    partner_alone: bool = False  # the partner announced it confirms writes alone
+    alone: bool = False  # leader: it confirms writes alone now
+    sync_mode: bool = True  # replication.mode is sync (only then does "alone" mean anything)
+    partner_confirmed: bool = False  # fenced: since the fence, gossip or its /health showed
+    # the partner at an epoch no higher than ours, or not leading
+    in_doubt: bool = False  # this node was frozen: its view is old until it hears its partner
+
+
+def _majority(f: Facts) -> bool:
+    """This node sees a strict majority of the cluster alive, itself included."""
+    return 2 * f.members_alive > f.members_total
 
 
 def assess(f: Facts) -> Action:
     """The state table of a pair, seen from one node."""
-    if f.partner_active and f.partner_epoch > f.epoch and f.role is not Role.FOLLOWER:
+    if f.partner_active and f.partner_epoch > f.epoch and f.role in _LEADING:
         return Action.STEP_DOWN  # fencing: a higher epoch leads, always
+    if f.in_doubt:
+        return Action.NONE  # after a freeze nothing is decided on an old view
     silent = f.link_silent_s >= f.failover_timeout_s
+    partner_gone = f.paired and silent and not (f.gossip and f.partner_alive)
     if f.role is Role.FOLLOWER:
-        # A broken link alone is not a dead leader: gossip must agree (when it runs).
-        if f.paired and silent and not (f.gossip and f.partner_alive):
+        # A broken link alone is not a dead leader: gossip must agree (when it runs). Only a
+        # follower that holds every write the pair confirmed may take over: it was acking
+        # in this epoch, and its leader had not gone on alone. With gossip and a witness it
+        # must also see the majority (one pair alone cannot tell a cut from a crash).
+        witnessed = not f.gossip or f.members_total <= 2 or _majority(f)
+        if partner_gone and f.in_sync and not f.partner_alone and witnessed:
             return Action.TAKE_OVER
         return Action.NONE
-    isolated = f.paired and silent and f.gossip and 2 * f.members_alive < f.members_total
+    # A leader fences at half the failover timeout, so it has stopped before its follower
+    # (which waits the whole timeout) may take over: never two active nodes at once.
+    isolated = (
+        f.paired
+        and f.link_silent_s >= f.failover_timeout_s / 2
+        and f.gossip
+        and (2 * f.members_alive < f.members_total)
+    )
     if f.role is Role.LEADER:
         if isolated:
             return Action.FENCE
+        if f.alone:
+            return Action.BACK_IN_SYNC if f.link_up and f.partner_caught_up else Action.NONE
         if f.give_back and f.link_up and f.partner_caught_up:
             return Action.GIVE_BACK
+        if f.sync_mode and partner_gone and f.gossip and _majority(f):
+            return Action.GO_ALONE
         return Action.NONE
-    if f.role is Role.FENCED and not isolated:
+    if f.role is Role.FENCED and not isolated and f.partner_confirmed:
         return Action.UNFENCE
     return Action.NONE
 

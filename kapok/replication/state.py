@@ -1,7 +1,9 @@
 """What a node remembers about its pair across restarts: ``<storage.dir>/replication.json``.
 
-The epoch and its history (``kapok.replication.protocol``) and the partner: its name and
-HTTP URL, recorded on both sides when a slave first connects. A master that has never had
+The epoch and its history (``kapok.replication.protocol``) and the partner: its name, its
+HTTP URL, and the pairing token, recorded on both sides when a slave first connects. The
+token is the pair's proof of identity: every hello must present it, so a node with the key
+but not of this pair (a stranger, a wiped slave, a forged client) changes nothing. A master that has never had
 a slave confirms writes alone; once paired, sync mode needs the slave, until an operator
 undoes the pairing on purpose (``kapok replication unpair``). Written to a temporary file,
 fsynced and renamed, so a crash leaves the old state or the new one, never half of one.
@@ -32,6 +34,7 @@ class PairState:
     partner: str | None = None  # the other node's name
     partner_url: str | None = None  # its HTTP URL, as it announced it
     leading: bool = False  # this node led its pair when it last changed role (start-up uses it)
+    token: str | None = None  # the pairing token, minted by the master at first pairing
 
     @property
     def paired(self) -> bool:
@@ -41,8 +44,8 @@ class PairState:
         """This node leads from ``lsn`` on, at ``epoch`` (higher than any it knew)."""
         return dataclasses.replace(self, epoch=epoch, history=(*self.history, (epoch, lsn)))
 
-    def paired_with(self, name: str | None, url: str | None) -> PairState:
-        return dataclasses.replace(self, partner=name, partner_url=url)
+    def paired_with(self, name: str | None, url: str | None, token: str | None = None) -> PairState:
+        return dataclasses.replace(self, partner=name, partner_url=url, token=token)
 
     def with_role(self, leading: bool) -> PairState:
         return dataclasses.replace(self, leading=leading)
@@ -66,15 +69,16 @@ class PairState:
             history = history_from_json(raw["history"])
             epoch = raw["epoch"]
             partner, url, was_leading = raw.get("partner"), raw.get("partner_url"), raw.get("leading")
+            token = raw.get("token")
             if type(epoch) is not int or epoch != history[-1][0]:
                 raise ValueError("epoch is not the last of the history")
-            if not all(v is None or isinstance(v, str) for v in (partner, url)):
-                raise ValueError("partner and partner_url must be strings")
+            if not all(v is None or isinstance(v, str) for v in (partner, url, token)):
+                raise ValueError("partner, partner_url and token must be strings")
             if type(was_leading) is not bool:
                 raise ValueError("leading must be true or false")
         except (KeyError, TypeError, ValueError, ReplicationError) as exc:
             raise StorageError(f"{path}: not a valid pair state: {exc}") from None
-        return PairState(epoch, history, partner, url, was_leading)
+        return PairState(epoch, history, partner, url, was_leading, token)
 
     def save(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -86,8 +90,9 @@ class PairState:
             "partner": self.partner,
             "partner_url": self.partner_url,
             "leading": self.leading,
+            "token": self.token,
         }
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the token is in it
         try:
             os.write(fd, orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
             os.fsync(fd)

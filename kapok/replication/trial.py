@@ -1,18 +1,29 @@
-"""Failover trials on real ``kapok serve`` processes: kill -9 a master and count messages.
+"""Failover trials on real ``kapok serve`` processes: a fault under load, and a count.
 
     python -m kapok.replication.trial --runs 20 --mode sync --profile fast
-    python -m kapok.replication.trial --runs 5 --mode async --profile lan
+    python -m kapok.replication.trial --runs 10 --scenario term --witness
+    python -m kapok.replication.trial --runs 5 --mode async --profile lan --scenario kill
 
-Each run starts a master and its slave (gossip on, ``--profile`` timings), a producer
-that publishes with confirmations and a consumer that acks every message, on the
-native protocol. Once ``--messages`` are confirmed the master is killed with SIGKILL;
-the consumer moves to the slave as soon as it takes over. The run ends when the
-consumer has seen every confirmed message, or after a deadline. Per run: takeover time
-(from the kill to the slave's "now the active master" log line), confirmed, lost
+Each run starts a master and its slave (gossip on, ``--profile`` timings; with
+``--witness`` a third node, the witness that lets a lone node of the pair go on), a
+producer that publishes with confirmations to whichever node of the pair takes producers,
+and a consumer that acks every message, on the native protocol. Once ``--messages`` are
+confirmed the fault of ``--scenario`` strikes:
+
+``kill``        SIGKILL of the master (the slave takes over)
+``term``        SIGTERM of the master (a graceful stop: it hands over, once)
+``kill-slave``  SIGKILL of the slave (with a witness, the master confirms alone)
+``pause``       SIGSTOP of the master for 3 failover timeouts, then SIGCONT
+``isolate``     the master cut from everyone (gossip and link) for 3 failover timeouts
+
+The run ends when the consumer has seen every confirmed message, or after a deadline.
+Per run: takeover time (from the fault to the slave's "now the active master" line),
+the write gap (from the fault to the first confirmation after it), confirmed, lost
 (confirmed and never delivered), duplicates (delivered more than once: expected for
-unacked messages), and the slave's lag the master reported just before the kill. A
-benchmark and an acceptance tool, not a test: ``tests/e2e/test_failover.py`` runs it on a
-few runs and asserts.
+unacked messages), the slave's lag the master reported just before the fault, and, from
+every node's ``/health`` polled every 50 ms, the polls that saw both nodes active and the
+longest stretch with neither. A benchmark and an acceptance tool, not a test:
+``tests/e2e/test_failover.py`` runs it on a few runs and asserts.
 """
 
 from __future__ import annotations
@@ -22,6 +33,9 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
+import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -49,13 +63,20 @@ DEADLINE_S = 30.0
 # from the slave.
 WORK_S = 0.01
 _ACTIVE_LINE = "now the active master"
+SCENARIOS = ("kill", "term", "kill-slave", "pause", "isolate")
 
 
 @dataclass
 class Outcome:
     mode: str
     profile: str
+    scenario: str = "kill"
     takeover_s: float | None = None
+    write_gap_s: float | None = None  # from the fault to the first confirmation after it
+    stop_s: float | None = None  # term: from SIGTERM to the master's exit
+    both_active: int = 0  # /health polls that saw both nodes of the pair active
+    no_active_s: float = 0.0  # the longest stretch with neither node active
+    tracebacks: int = 0  # in every node's output: there must be none
     confirmed: int = 0
     from_slave: int = 0  # confirmed messages the consumer had not seen when the master died
     delivered: int = 0  # distinct messages the consumer saw
@@ -121,29 +142,38 @@ def active_at(node: NodeProcess, since: float) -> float | None:
 class _Tally:
     confirmed: set[str] = field(default_factory=set)
     seen: dict[str, int] = field(default_factory=dict)  # payload -> deliveries
+    confirmed_at: list[float] = field(default_factory=list)  # monotonic time of each puback
 
 
-async def _produce(http: aiohttp.ClientSession, url: str, tally: _Tally, stop: asyncio.Event) -> None:
-    """Publish numbered messages with ``INFLIGHT`` batches unconfirmed, until the node goes."""
+async def _produce(http: aiohttp.ClientSession, urls: list[str], tally: _Tally, stop: asyncio.Event) -> None:
+    """Publish numbered messages with ``INFLIGHT`` batches unconfirmed to whichever node
+    takes them, moving on when a node refuses or goes. (It ends on ``stop``, not on a
+    cancel: aiohttp's receive with a timeout may turn a cancel into a timeout.)"""
     counter = itertools.count()
-    pending: dict[int, list[str]] = {}
-    with contextlib.suppress(aiohttp.ClientError, ConnectionError, asyncio.CancelledError):
-        async with http.ws_connect(f"{url}/v1/ws", headers=AUTH) as ws:
-            rid = 0
-            while not stop.is_set():
-                while len(pending) < INFLIGHT:
-                    rid += 1
-                    payloads = [f"m{next(counter)}" for _ in range(BATCH)]
-                    pending[rid] = payloads
-                    msgs = [{"data": p} for p in payloads]
-                    await ws.send_json({"op": "pub", "id": rid, "topic": TOPIC, "msgs": msgs})
-                msg = await ws.receive()
-                if msg.type is not aiohttp.WSMsgType.TEXT:
-                    return
-                frame = json.loads(msg.data)
-                payloads = pending.pop(frame.get("id"), [])
-                if frame.get("op") == "puback":
-                    tally.confirmed.update(payloads)
+    while not stop.is_set():
+        for url in urls:
+            pending: dict[int, list[str]] = {}
+            with contextlib.suppress(aiohttp.ClientError, ConnectionError, TimeoutError):
+                async with http.ws_connect(f"{url}/v1/ws", headers=AUTH) as ws:
+                    rid = 0
+                    while not stop.is_set():
+                        while len(pending) < INFLIGHT:
+                            rid += 1
+                            payloads = [f"m{next(counter)}" for _ in range(BATCH)]
+                            pending[rid] = payloads
+                            msgs = [{"data": p} for p in payloads]
+                            await ws.send_json({"op": "pub", "id": rid, "topic": TOPIC, "msgs": msgs})
+                        msg = await ws.receive(timeout=5.0)
+                        if msg.type is not aiohttp.WSMsgType.TEXT:
+                            break
+                        frame = json.loads(msg.data)
+                        payloads = pending.pop(frame.get("id"), [])
+                        if frame.get("op") == "puback":
+                            tally.confirmed.update(payloads)
+                            tally.confirmed_at.append(time.monotonic())
+                        elif frame.get("code") in ("not_active", "fenced"):
+                            break  # this node takes no producers: try the other
+        await asyncio.sleep(0.05)
 
 
 async def _consume(http: aiohttp.ClientSession, urls: list[str], tally: _Tally, stop: asyncio.Event) -> None:
@@ -158,6 +188,8 @@ async def _consume(http: aiohttp.ClientSession, urls: list[str], tally: _Tally, 
                         if msg.type is not aiohttp.WSMsgType.TEXT:
                             break
                         frame = json.loads(msg.data)
+                        if frame.get("op") == "error":
+                            break
                         if frame.get("op") != "msg":
                             continue
                         for m in frame["msgs"]:
@@ -168,6 +200,40 @@ async def _consume(http: aiohttp.ClientSession, urls: list[str], tally: _Tally, 
         await asyncio.sleep(0.05)
 
 
+@dataclass
+class _Watch:
+    """Every 50 ms, each node's ``/health``: how often both were active, the longest stretch
+    with neither."""
+
+    both_active: int = 0
+    no_active_s: float = 0.0
+    _none_since: float | None = None
+
+    async def run(self, http: aiohttp.ClientSession, urls: list[str], stop: asyncio.Event) -> None:
+        timeout = aiohttp.ClientTimeout(total=0.5)
+        while not stop.is_set():
+            polled = await asyncio.gather(*(_active(http, url, timeout) for url in urls))
+            now = time.monotonic()
+            self.both_active += sum(polled) > 1
+            if any(polled):
+                self._none_since = None
+            else:
+                self._none_since = self._none_since or now
+                self.no_active_s = max(self.no_active_s, now - self._none_since)
+            await asyncio.sleep(0.05)
+
+
+async def _active(http: aiohttp.ClientSession, url: str, timeout: aiohttp.ClientTimeout) -> bool:
+    with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError, ValueError):
+        async with http.get(url + "/health", timeout=timeout) as resp:
+            return (await resp.json()).get("active") is True
+    return False
+
+
+def _faulty(path: Path) -> tuple[str, ...]:
+    return ("-m", "kapok.faulty", "--fault-file", str(path), "--")
+
+
 async def failover_trial(
     base: Path,
     *,
@@ -176,19 +242,40 @@ async def failover_trial(
     failover_timeout_s: float = 1.0,
     messages: int = 2000,
     sets: tuple[str, ...] = (),
+    scenario: str = "kill",
+    witness: bool = False,
+    logs: Path | None = None,
 ) -> Outcome:
-    """One run: publish and consume, kill -9 the master once ``messages`` are confirmed,
-    follow the slave's takeover, and count."""
-    out = Outcome(mode, profile)
-    master, slave = start_pair(
-        base, mode=mode, profile=profile, failover_timeout_s=failover_timeout_s, sets=sets
-    )
-    tally, stop = _Tally(), asyncio.Event()
-    seen_before_kill: set[str] = set()
+    """One run: publish and consume, strike ``scenario`` once ``messages`` are confirmed,
+    follow the pair through it, and count."""
+    out = Outcome(mode, profile, scenario)
+    nodes: list[NodeProcess] = []
+    if witness:
+        nodes.append(start_node(base / "witness", *cluster_sets(profile), "server.name=witness"))
+    faults = base / "master.faults.json"
+    faults.parent.mkdir(parents=True, exist_ok=True)
+    faults.write_text("{}")
+    try:
+        master, slave = start_pair(
+            base, mode=mode, profile=profile, failover_timeout_s=failover_timeout_s, sets=sets,
+            seeds=tuple(n.gossip_addr for n in nodes),
+            launchers=(_faulty(faults) if scenario == "isolate" else ("-m", "kapok"), ("-m", "kapok")),
+        )  # fmt: skip
+    except BaseException:
+        stop_all(nodes)
+        raise
+    nodes += [master, slave]
+    urls = [master.url, slave.url]
+    tally, stop, producing, watch = _Tally(), asyncio.Event(), asyncio.Event(), _Watch()
+    seen_before: set[str] = set()
+    struck_at = math.inf
     try:
         async with aiohttp.ClientSession() as http:
-            producer = asyncio.create_task(_produce(http, master.url, tally, stop))
-            consumer = asyncio.create_task(_consume(http, [master.url, slave.url], tally, stop))
+            tasks = [
+                asyncio.create_task(_produce(http, urls, tally, producing)),
+                asyncio.create_task(_consume(http, urls, tally, stop)),
+                asyncio.create_task(watch.run(http, urls, stop)),
+            ]
             deadline = time.monotonic() + DEADLINE_S
             lag: int | None = None
             while len(tally.confirmed) < messages and time.monotonic() < deadline:
@@ -196,28 +283,73 @@ async def failover_trial(
                 lag = (state.get("lag") or {}).get("records", lag)
                 await asyncio.sleep(0.05)
             out.lag_records_before_kill = lag
-            seen_before_kill = set(tally.seen)
-            killed_at = time.time()
-            master.kill()
-            await asyncio.wait_for(producer, DEADLINE_S)
-            await asyncio.to_thread(
-                wait_for, lambda: active_at(slave, killed_at) is not None, DEADLINE_S, 0.05
-            )
-            became_active = active_at(slave, killed_at)
-            out.takeover_s = None if became_active is None else round(became_active - killed_at, 3)
+            seen_before = set(tally.seen)
+            struck_at, struck_mono = time.time(), time.monotonic()
+            await _strike(scenario, master, slave, faults, failover_timeout_s, out)
+            give_up = time.monotonic() + DEADLINE_S
+            while time.monotonic() < give_up and not any(t > struck_mono for t in tally.confirmed_at):  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+            after = [t for t in tally.confirmed_at if t > struck_mono]
+            out.write_gap_s = round(after[0] - struck_mono, 3) if after else None
+            producing.set()
+            await asyncio.wait_for(tasks.pop(0), DEADLINE_S)
             give_up = time.monotonic() + DEADLINE_S  # what never comes is counted as lost below
             while not tally.confirmed <= tally.seen.keys() and time.monotonic() < give_up:  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
             stop.set()
-            await asyncio.wait_for(consumer, DEADLINE_S)
+            await asyncio.wait_for(asyncio.gather(*tasks), DEADLINE_S)
+    except BaseException:
+        producing.set()
+        stop.set()
+        raise
     finally:
-        stop_all([master, slave])
+        stop_all(nodes)
+        if logs is not None:
+            _keep_logs(logs, nodes)
+    became_active = active_at(slave, struck_at)
+    out.takeover_s = None if became_active is None else round(became_active - struck_at, 3)
+    out.tracebacks = sum(node.output.count("Traceback") for node in nodes)
+    out.both_active, out.no_active_s = watch.both_active, round(watch.no_active_s, 3)
     out.confirmed = len(tally.confirmed)
-    out.from_slave = len(tally.confirmed - seen_before_kill)
+    out.from_slave = len(tally.confirmed - seen_before)
     out.delivered = len(tally.seen)
     out.duplicates = sum(n - 1 for n in tally.seen.values())
     out.lost = len(tally.confirmed - tally.seen.keys())
     return out
+
+
+def _keep_logs(folder: Path, nodes: list[NodeProcess]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for node in nodes:
+        (folder / f"{node.workdir.name}.log").write_text(node.output)
+
+
+async def _strike(
+    scenario: str,
+    master: NodeProcess,
+    slave: NodeProcess,
+    faults: Path,
+    failover_timeout_s: float,
+    out: Outcome,
+) -> None:
+    if scenario == "kill":
+        master.kill()
+    elif scenario == "kill-slave":
+        slave.kill()
+    elif scenario == "term":
+        began = time.monotonic()
+        await asyncio.to_thread(master.stop, 30.0)
+        out.stop_s = round(time.monotonic() - began, 3)
+    elif scenario == "pause":
+        os.kill(master.pid, signal.SIGSTOP)
+        await asyncio.sleep(3 * failover_timeout_s)
+        os.kill(master.pid, signal.SIGCONT)
+    elif scenario == "isolate":
+        await asyncio.to_thread(faults.write_text, '{"isolate": true}')
+        await asyncio.sleep(3 * failover_timeout_s)
+        await asyncio.to_thread(faults.write_text, "{}")
+    else:
+        raise ValueError(f"unknown scenario {scenario!r}")
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -227,8 +359,18 @@ def _percentile(values: list[float], q: float) -> float:
 
 def summary(outcomes: list[Outcome]) -> dict[str, Any]:
     times = [o.takeover_s for o in outcomes if o.takeover_s is not None]
+    gaps = [o.write_gap_s for o in outcomes if o.write_gap_s is not None]
+    stops = [o.stop_s for o in outcomes if o.stop_s is not None]
     return {
+        "scenario": outcomes[0].scenario if outcomes else None,
         "runs": len(outcomes),
+        "write_gap_p50_s": statistics.median(gaps) if gaps else None,
+        "write_gap_max_s": max(gaps) if gaps else None,
+        "runs_without_writes_after": sum(o.write_gap_s is None for o in outcomes),
+        "stop_max_s": max(stops) if stops else None,
+        "both_active_polls": sum(o.both_active for o in outcomes),
+        "tracebacks": sum(o.tracebacks for o in outcomes),
+        "no_active_max_s": max((o.no_active_s for o in outcomes), default=0.0),
         "takeover_p50_s": statistics.median(times) if times else None,
         "takeover_p99_s": _percentile(times, 0.99) if times else None,
         "takeover_max_s": max(times) if times else None,
@@ -248,9 +390,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("sync", "async"), default="sync")
     parser.add_argument("--profile", choices=("fast", "lan"), default="fast")
     parser.add_argument("--failover-timeout-s", type=float, default=None, help="default: 1 (fast), 3 (lan)")
-    parser.add_argument("--messages", type=int, default=2000, help="confirmed before the kill")
+    parser.add_argument("--messages", type=int, default=2000, help="confirmed before the fault")
+    parser.add_argument("--scenario", choices=SCENARIOS, default="kill")
+    parser.add_argument("--witness", action="store_true", help="a third node: the pair's witness")
     parser.add_argument("--fsync", default="always", choices=("always", "interval", "never"))
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--logs", type=Path, help="keep every node's output here, a folder a run")
     args = parser.parse_args(argv)
     timeout = args.failover_timeout_s or (1.0 if args.profile == "fast" else 3.0)
     outcomes = []
@@ -260,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
                 failover_trial(
                     Path(tmp) / f"run{i}", mode=args.mode, profile=args.profile, failover_timeout_s=timeout,
                     messages=args.messages, sets=(f"storage.fsync={args.fsync}",),
+                    scenario=args.scenario, witness=args.witness,
+                    logs=None if args.logs is None else args.logs / f"run{i}",
                 )
             )  # fmt: skip
             outcomes.append(outcome)

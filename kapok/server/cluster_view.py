@@ -18,11 +18,10 @@ from prometheus_client.registry import Collector
 
 from kapok import __version__
 from kapok.cluster.messages import NodeMeta, NodeState, State
-from kapok.cluster.node import GossipNode, format_addr, split_addr
+from kapok.cluster.node import GossipNode, format_addr
 from kapok.server.keys import GOSSIP, REGISTRY, REPLICATION, SERVICE
 from kapok.server.ops import pair_role
 from kapok.server.responses import json_response
-from kapok.server.service import BrokerService
 
 __all__ = ["announce", "compat_nodes", "gossip_ctx", "member_rows", "node_meta", "routes"]
 
@@ -36,7 +35,7 @@ def node_meta(app: web.Application) -> NodeMeta:
     service, node = app[SERVICE], app[REPLICATION]
     return NodeMeta(
         name=service.node_name,
-        http_url=_reachable_http_url(service),
+        http_url=service.advertised_url,
         role=pair_role(node),
         pair=node.state.partner,
         version=__version__,
@@ -45,6 +44,7 @@ def node_meta(app: web.Application) -> NodeMeta:
         active=node.active,
         lag=node.lag(),
         pair_id=node.pair_id,
+        alone_since=node.alone_since,
     )
 
 
@@ -53,17 +53,6 @@ def announce(app: web.Application) -> None:
     gossip = app.get(GOSSIP)
     if gossip is not None and gossip.swim is not None:
         gossip.set_meta(node_meta(app))
-
-
-def _reachable_http_url(service: BrokerService) -> str:
-    """A wildcard ``server.host`` (0.0.0.0, ::) is not an address others can use: take the
-    gossip address's host instead, which others reach us at by definition."""
-    host = service.http_host
-    if host in ("0.0.0.0", "::", ""):
-        cluster = service.config.cluster
-        host = split_addr(cluster.advertise or cluster.bind)[0]
-        return f"http://{format_addr(host, service.http_port)}"
-    return service.http_url
 
 
 def _members(app: web.Application) -> list[NodeState]:
@@ -90,9 +79,7 @@ def _superseded(views: list[tuple[NodeState, NodeMeta]]) -> set[str]:
         if meta.active and m.state in _LIVE:
             pair = meta.pair_id or m.name
             best[pair] = max(best.get(pair, -1), meta.epoch)
-    return {
-        m.name for m, meta in views if meta.active and meta.epoch < best.get(meta.pair_id or m.name, -1)
-    }
+    return {m.name for m, meta in views if meta.active and meta.epoch < best.get(meta.pair_id or m.name, -1)}
 
 
 def member_rows(app: web.Application) -> list[dict[str, Any]]:
@@ -153,8 +140,9 @@ class _GossipCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         node, swim = self.node, self.node.swim
-        members = GaugeMetricFamily("kapok_cluster_members", "Members by state, this node included",
-                                    labels=["state"])
+        members = GaugeMetricFamily(
+            "kapok_cluster_members", "Members by state, this node included", labels=["state"]
+        )
         states = [m.state for m in node.members()]
         for state in State:
             members.add_metric([state.value], states.count(state))
@@ -167,10 +155,12 @@ class _GossipCollector(Collector):
         incarnation = GaugeMetricFamily("kapok_gossip_incarnation", "This node's incarnation number")
         incarnation.add_metric([], swim.incarnation)
         yield incarnation
-        dropped = CounterMetricFamily("kapok_gossip_dropped_packets", "Gossip input dropped, by reason",
-                                      labels=["reason"])
-        events = CounterMetricFamily("kapok_gossip_events", "Gossip protocol and transport events",
-                                     labels=["event"])
+        dropped = CounterMetricFamily(
+            "kapok_gossip_dropped_packets", "Gossip input dropped, by reason", labels=["reason"]
+        )
+        events = CounterMetricFamily(
+            "kapok_gossip_events", "Gossip protocol and transport events", labels=["event"]
+        )
         for name, n in sorted((swim.stats + node.stats).items()):
             if name.startswith("drop_"):
                 dropped.add_metric([name.removeprefix("drop_")], n)

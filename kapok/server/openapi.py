@@ -184,6 +184,17 @@ def document(config: Config) -> dict[str, Any]:
                 security=bearer,
             )
         },
+        "/replication/promote": {
+            "post": _op(
+                "Make this slave lead its pair (an operator's decision)",
+                "replication",
+                {"200": _json(_OBJ), **_errors(401, 409, 429)},
+                security=bearer,
+                parameters=[
+                    _query("force", {"type": "string", "enum": ["true", "false"]}, "even if not in sync")
+                ],
+            )
+        },
         "/sync/v1": {"get": _upgrade("A slave's replication link", "replication", [], bearer)},
         "/v1/ws": {
             "get": _upgrade(

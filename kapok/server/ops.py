@@ -33,6 +33,8 @@ async def health(request: web.Request) -> web.Response:
             "active": node.active,
             "epoch": node.state.epoch,
             "pair": node.state.partner,
+            "replication": node.replication,
+            "link": node.link_state(),
             "version": __version__,
             "uptime_s": round(service.now() - service.started_at, 3),
             "clients": len(service.clients),

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kapok.clock import Clock, SystemClock, Timer
+from kapok.cluster.node import format_addr, split_addr
 from kapok.config import Config
 from kapok.core.broker import Broker, Draft, Settle
 from kapok.core.model import Consumer, Entry
@@ -143,6 +144,18 @@ class BrokerService:
         host = f"[{self.http_host}]" if ":" in self.http_host else self.http_host
         scheme = "https" if self.config.server.tls_cert else "http"
         return f"{scheme}://{host}:{self.http_port}"
+
+    @property
+    def advertised_url(self) -> str:
+        """The URL other nodes reach this one at (gossip carries it, a slave's hello gives
+        it): a wildcard ``server.host`` (0.0.0.0, ::) is no address, so the gossip
+        address's host stands in, which others reach us at by definition."""
+        if self.http_host not in ("0.0.0.0", "::", ""):
+            return self.http_url
+        cluster = self.config.cluster
+        host = split_addr(cluster.advertise or cluster.bind)[0]
+        scheme = "https" if self.config.server.tls_cert else "http"
+        return f"{scheme}://{format_addr(host, self.http_port)}"
 
     # ------------------------------------------------------------ clients
 

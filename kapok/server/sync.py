@@ -69,6 +69,10 @@ def pair_state(node: ReplicationNode) -> dict[str, Any]:
         "partner_url": state.partner_url,
         "mode": node.cfg.mode,
         "link_up": link_up,
+        "link": node.link_state(),
+        "replication": node.replication,
+        "alone_since": node.alone_since,
+        "in_sync": node.follower.in_sync if node.follower is not None else None,
         "lag": None if lag is None else {"records": lag[0], "bytes": lag[1], "seconds": lag[2]},
         "backlog_bytes": leader.backlog.bytes if leader is not None else 0,
     }
@@ -86,6 +90,14 @@ async def unpair(request: web.Request) -> web.Response:
     return json_response(pair_state(node))
 
 
+@routes.post("/replication/promote")
+async def promote(request: web.Request) -> web.Response:
+    """An operator makes a slave lead (``?force=true``: even one that was not in sync)."""
+    node = request.app[REPLICATION]
+    await node.promote(force=request.query.get("force") in ("1", "true", "yes"))
+    return json_response(pair_state(node))
+
+
 class _ReplicationCollector(Collector):
     def __init__(self, node: ReplicationNode) -> None:
         self.node = node
@@ -99,6 +111,11 @@ class _ReplicationCollector(Collector):
             state.add_metric([role.value], 1 if node.role is role else 0)
         yield state
         yield GaugeMetricFamily("kapok_replication_epoch", "The pair's fencing epoch", value=node.state.epoch)
+        yield GaugeMetricFamily(
+            "kapok_replication_alone",
+            "1 while this node confirms writes without its partner (sync mode, the majority seen)",
+            value=1 if node.alone_since is not None else 0,
+        )
         lag = node.lag()
         for i, (name, doc) in enumerate(
             (("records", "Records the slave is behind"), ("bytes", "Log bytes the slave is behind"),
@@ -121,6 +138,14 @@ class _ReplicationCollector(Collector):
             "full_transfers": (leader.full_transfers if leader else 0, "Full state transfers sent"),
             "resumes": (leader.resumes if leader else 0, "Slaves that resumed from the backlog"),
             "sync_timeouts": (leader.sync_timeouts if leader else 0, "Sync confirmations that timed out"),
+            "bad_frames": (
+                leader.bad_frames if leader else 0,
+                "Slave sessions ended for breaking the protocol",
+            ),
+            "refusals": (
+                node.follower.refusals if node.follower else 0,
+                "Times the master refused this slave (wrong key, another slave, unknown token)",
+            ),
         }
         for name, (value, doc) in counters.items():
             counter = CounterMetricFamily(f"kapok_replication_{name}", doc)

@@ -148,7 +148,8 @@ def test_authentic_but_malformed_bodies_are_errors(value: object) -> None:
         b'[[4,1,"a","b",["u","r",null,"v",0,-1]]]',  # negative epoch
         b'[[4,1,"a","b",["u","r",null,"v",0,1,"yes"]]]',  # active not a boolean
         b'[[4,1,"a","b",["u","r",null,"v",0,1,true,[1,2]]]]',  # short lag
-        b'[[4,1,"a","b",["u","r",null,"v",0,1,true,null,"p",9]]]',  # too many meta fields
+        b'[[4,1,"a","b",["u","r",null,"v",0,1,true,null,"p",9,0]]]',  # too many meta fields
+        b'[[4,1,"a","b",["u","r",null,"v",0,1,true,null,"p",-1]]]',  # alone_since is an LSN
         b'[[4,1,"a","b",["u","r",null,"v",0,1,true,null,9]]]',  # pair_id not a string
         b'[[6,"s","a",false,true,[["n","a",1,"zombie",["u","r",null,"v",0]]]]]',  # unknown state
         b'[[6,"s","a",false,true,[["n"]]]]',  # short row

@@ -8,7 +8,9 @@ import pytest
 
 from kapok.errors import ReplicationError
 from kapok.replication.protocol import (
+    TRANSITIONS,
     Action,
+    Event,
     Facts,
     Role,
     assess,
@@ -20,13 +22,16 @@ from kapok.replication.protocol import (
     history_from_json,
     leads_at_start,
     shared_end,
+    transition,
 )
 
 FOLLOWING = Facts(
     role=Role.FOLLOWER, epoch=1, paired=True, link_up=True, link_silent_s=0.1, failover_timeout_s=3.0,
     gossip=True, partner_alive=True, partner_epoch=1, partner_active=True, members_alive=2, members_total=2,
+    in_sync=True,
 )  # fmt: skip
-LEADING = replace(FOLLOWING, role=Role.LEADER, partner_active=False)
+LEADING = replace(FOLLOWING, role=Role.LEADER, partner_active=False, in_sync=False)
+GONE = {"link_up": False, "link_silent_s": 5.0, "partner_alive": False}  # the partner, as a node sees it
 
 
 @pytest.mark.parametrize(
@@ -35,35 +40,75 @@ LEADING = replace(FOLLOWING, role=Role.LEADER, partner_active=False)
         (FOLLOWING, Action.NONE),
         # A silent link alone is not a dead master: gossip must agree.
         (replace(FOLLOWING, link_up=False, link_silent_s=5.0), Action.NONE),
-        (replace(FOLLOWING, link_up=False, link_silent_s=5.0, partner_alive=False), Action.TAKE_OVER),
+        (replace(FOLLOWING, **GONE), Action.TAKE_OVER),
         # Gossip says dead but the link was heard recently: not yet.
         (replace(FOLLOWING, link_silent_s=1.0, partner_alive=False), Action.NONE),
         # Without gossip the link decides alone.
         (replace(FOLLOWING, link_up=False, link_silent_s=5.0, gossip=False), Action.TAKE_OVER),
         # A slave that never had its master has nothing to take over with.
         (replace(FOLLOWING, paired=False, link_silent_s=9.0, partner_alive=False), Action.NONE),
+        # Only a follower holding every confirmed write may: one that never acked in this
+        # epoch (never synced, a full transfer cut short) waits for its master or an operator,
+        (replace(FOLLOWING, **GONE, in_sync=False), Action.NONE),
+        # and so does one whose leader went on alone,
+        (replace(FOLLOWING, **GONE, partner_alone=True), Action.NONE),
+        # and one in the minority of a cluster with witnesses (it is the one cut off).
+        (replace(FOLLOWING, **GONE, members_alive=1, members_total=3), Action.NONE),
+        (replace(FOLLOWING, **GONE, members_alive=2, members_total=3), Action.TAKE_OVER),
+        # A node that was frozen decides nothing until it has heard its partner again.
+        (replace(FOLLOWING, **GONE, in_doubt=True), Action.NONE),
+        (replace(LEADING, partner_epoch=2, partner_active=True, in_doubt=True), Action.STEP_DOWN),
         (LEADING, Action.NONE),
         # Cut off from the slave and from most of the cluster: fence.
         (replace(LEADING, link_up=False, link_silent_s=5.0, members_alive=1, members_total=3), Action.FENCE),
-        # Cut off from the slave but the majority is there: keep going.
+        # Cut off from the slave while gossip sees it: neither fenced nor alone (sync waits).
         (replace(LEADING, link_up=False, link_silent_s=5.0, members_alive=2, members_total=3), Action.NONE),
-        # One pair and no witness: a cut cannot be told from a crash, so no fencing (README).
-        (replace(LEADING, link_up=False, link_silent_s=5.0, members_alive=1, members_total=2), Action.NONE),
+        # The slave is gone and the majority is here: sync mode confirms alone,
+        (replace(LEADING, **GONE, members_alive=2, members_total=3), Action.GO_ALONE),
+        # async mode has nothing to change,
+        (replace(LEADING, **GONE, members_alive=2, members_total=3, sync_mode=False), Action.NONE),
+        # one pair and no witness cannot tell a cut from a crash: neither fence nor alone (README),
+        (replace(LEADING, **GONE, members_alive=1, members_total=2), Action.NONE),
+        # and alone ends once the follower holds the whole log again.
+        (replace(LEADING, alone=True, link_up=True, partner_caught_up=False), Action.NONE),
+        (replace(LEADING, alone=True, link_up=True, partner_caught_up=True), Action.BACK_IN_SYNC),
+        (replace(LEADING, **GONE, alone=True, members_alive=1, members_total=3), Action.FENCE),
         (
             replace(LEADING, role=Role.FENCED, link_silent_s=5.0, members_alive=1, members_total=3),
             Action.NONE,
         ),
+        # A fenced node waits for the facts, not for the majority alone.
         (
-            replace(LEADING, role=Role.FENCED, link_silent_s=0.2, members_alive=1, members_total=3),
+            replace(LEADING, role=Role.FENCED, link_silent_s=5.0, members_alive=2, members_total=3),
+            Action.NONE,
+        ),
+        (
+            replace(
+                LEADING,
+                role=Role.FENCED,
+                link_silent_s=5.0,
+                members_alive=2,
+                members_total=3,
+                partner_confirmed=True,
+            ),
             Action.UNFENCE,
         ),
         (
-            replace(LEADING, role=Role.FENCED, link_silent_s=5.0, members_alive=2, members_total=3),
+            replace(
+                LEADING,
+                role=Role.FENCED,
+                link_silent_s=0.2,
+                members_alive=1,
+                members_total=3,
+                partner_confirmed=True,
+            ),
             Action.UNFENCE,
         ),
         # A higher epoch leads, always: from a leader, a fenced leader, one handing over.
         (replace(LEADING, partner_epoch=2, partner_active=True), Action.STEP_DOWN),
         (replace(LEADING, role=Role.FENCED, partner_epoch=2, partner_active=True), Action.STEP_DOWN),
+        (replace(LEADING, role=Role.HANDING_OVER, partner_epoch=2, partner_active=True), Action.STEP_DOWN),
+        (replace(LEADING, role=Role.STOPPED, partner_epoch=2, partner_active=True), Action.NONE),
         (replace(LEADING, partner_epoch=2, partner_active=False), Action.NONE),
         (replace(LEADING, partner_epoch=1, partner_active=True), Action.NONE),
         (replace(LEADING, give_back=True, partner_caught_up=True), Action.GIVE_BACK),
@@ -73,6 +118,24 @@ LEADING = replace(FOLLOWING, role=Role.LEADER, partner_active=False)
 )
 def test_the_state_table(facts: Facts, action: Action) -> None:
     assert assess(facts) is action
+
+
+def test_roles_change_only_along_the_table() -> None:
+    assert transition(Role.FOLLOWER, Event.TAKE_OVER) is Role.LEADER
+    assert transition(Role.HANDING_OVER, Event.HANDED) is Role.FOLLOWER
+    assert all(transition(role, Event.STOP) is Role.STOPPED for role in Role)
+    # A stopped node never takes a role again; a follower never fences; a leader is never promoted.
+    for role, event in [
+        (Role.STOPPED, Event.PROMOTED),
+        (Role.STOPPED, Event.LEAD),
+        (Role.STOPPED, Event.FOLLOW),
+        (Role.FOLLOWER, Event.FENCE),
+        (Role.LEADER, Event.PROMOTED),
+        (Role.LEADER, Event.HANDED),
+    ]:
+        with pytest.raises(ReplicationError):
+            transition(role, event)
+    assert set(TRANSITIONS.values()) == set(Role) - {Role.STARTING, Role.HANDING_OVER} | {Role.HANDING_OVER}
 
 
 @pytest.mark.parametrize(
@@ -147,6 +210,7 @@ def test_frames() -> None:
 def test_the_start_up_rule(
     paired: bool, master: bool, epoch: int, leading: bool, partner: tuple[int, bool] | None, leads: bool
 ) -> None:
-    assert leads_at_start(
-        paired=paired, configured_master=master, epoch=epoch, leading=leading, partner=partner
-    ) is leads
+    assert (
+        leads_at_start(paired=paired, configured_master=master, epoch=epoch, leading=leading, partner=partner)
+        is leads
+    )
