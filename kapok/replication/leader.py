@@ -85,6 +85,7 @@ class _Session:
         self.acked = -1  # the follower's durable end, once it says (a resume knows it already)
         self.promoted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.handover: tuple[int, int] | None = None  # (LSN, epoch): sent once position reaches LSN
+        self.pairing: tuple[str, str, str] | None = None  # (name, URL, token): recorded at its first ack
         self.cut = asyncio.Event()  # set to end the session from outside (fell out of the backlog)
 
 
@@ -249,8 +250,10 @@ class Leader:
                 )
                 return
             old.cut.set()  # silent past the stall limit: that connection is dead
-        if state.partner is None or state.token is None:
-            self.pair.record_partner(name, url, state.token or secrets.token_hex(16))
+        # A first pairing is recorded once the follower acks, which it does only after it has
+        # stored the token: a follower that dies before that was never half-paired.
+        pair_token = state.token or token or secrets.token_hex(16)
+        pairing = None if state.partner == name and state.token is not None else (name, url, pair_token)
         await self.pair.wal.flush()  # every record logged so far is in the backlog now
         leader_end = self.pair.wal.next_lsn
         shared = shared_end(history, end, self.pair.state.history, leader_end)
@@ -259,7 +262,7 @@ class Leader:
             "http_url": self.pair.http_url,
             "epoch": self.pair.state.epoch,
             "history": [list(h) for h in self.pair.state.history],
-            "token": self.pair.state.token,
+            "token": pair_token,
         }
         if shared == end and self.backlog.holds(end):
             self.resumes += 1
@@ -270,6 +273,7 @@ class Leader:
             self.full_transfers += 1
             position = await self._full_transfer(link, name, end, shared, start_fields)
         session = self.session = _Session(link, name, url, hello.get("ask_back") is True, position)
+        session.pairing = pairing
         if position == end:
             session.acked = end
         try:
@@ -277,7 +281,7 @@ class Leader:
         finally:
             if self.session is session:
                 self.session = None
-                self.link_lost_at = loop_time()
+                self.link_lost_at = session.link.last_heard  # silence counts from the last frame heard
             if session.cut.is_set():
                 log.warning("cut off %s: it fell out of the backlog or stopped answering", name)
             log.warning("the sync link to %s is down", name)
@@ -358,6 +362,9 @@ class Leader:
                         f"{session.name} acked LSN {lsn}, but was sent only up to {session.position}"
                     )
                 session.acked = max(session.acked, lsn)
+                if session.pairing is not None:
+                    self.pair.record_partner(*session.pairing)
+                    session.pairing = None
                 self._acked(session.acked)
             elif op == "ping":
                 get_int(frame, "epoch")  # epochs are learned from gossip or /health, never from a ping

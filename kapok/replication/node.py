@@ -47,7 +47,17 @@ from kapok.core.replay import Mirror
 from kapok.errors import FencedError, NotActiveError, ReplicationError
 from kapok.replication.follower import Follower
 from kapok.replication.leader import Leader
-from kapok.replication.protocol import Action, Event, Facts, History, Role, assess, leads_at_start, transition
+from kapok.replication.protocol import (
+    Action,
+    Event,
+    Facts,
+    History,
+    Role,
+    assess,
+    is_isolated,
+    leads_at_start,
+    transition,
+)
 from kapok.replication.state import PairState
 from kapok.replication.transfer import receive_transfer
 from kapok.storage.disk import DiskStore
@@ -484,11 +494,12 @@ class ReplicationNode:
                 async with self._lock:
                     if self.role is Role.STOPPED:
                         return
-                    await self._act(assess(self.facts()))
+                    await self._act(self.facts())
             except Exception:
                 log.exception("replication watchdog step failed")
 
-    async def _act(self, action: Action) -> None:
+    async def _act(self, facts: Facts) -> None:
+        action = assess(facts)
         if action is Action.TAKE_OVER:
             self.takeovers += 1
             epoch = max(self.state.epoch, self._partner_epoch()) + 1
@@ -514,7 +525,10 @@ class ReplicationNode:
         elif action is Action.BACK_IN_SYNC:
             self._set_alone(None)
         if self.role is Role.FENCED:
-            self._spawn_probe()  # learn the partner's epoch from its /health as well as gossip
+            if is_isolated(facts):  # what it said while we were cut off may be overtaken
+                self._partner_health = None
+            else:  # learn the partner's epoch from its /health as well as from gossip
+                self._spawn_probe()
 
     def facts(self) -> Facts:
         members = self.gossip.members() if self.gossip is not None else []

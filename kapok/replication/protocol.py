@@ -52,6 +52,7 @@ __all__ = [
     "encode_records",
     "end_of_epoch",
     "history_from_json",
+    "is_isolated",
     "leads_at_start",
     "shared_end",
     "transition",
@@ -164,6 +165,14 @@ def _majority(f: Facts) -> bool:
     return 2 * f.members_alive > f.members_total
 
 
+def is_isolated(f: Facts) -> bool:
+    """A leader cut off from its follower and from most of the cluster. It fences at half the
+    failover timeout, so it has stopped before its follower (which waits the whole timeout)
+    may take over: never two active nodes at once."""
+    silent = f.link_silent_s >= f.failover_timeout_s / 2
+    return f.paired and silent and f.gossip and 2 * f.members_alive < f.members_total
+
+
 def assess(f: Facts) -> Action:
     """The state table of a pair, seen from one node."""
     if f.partner_active and f.partner_epoch > f.epoch and f.role in _LEADING:
@@ -181,14 +190,7 @@ def assess(f: Facts) -> Action:
         if partner_gone and f.in_sync and not f.partner_alone and witnessed:
             return Action.TAKE_OVER
         return Action.NONE
-    # A leader fences at half the failover timeout, so it has stopped before its follower
-    # (which waits the whole timeout) may take over: never two active nodes at once.
-    isolated = (
-        f.paired
-        and f.link_silent_s >= f.failover_timeout_s / 2
-        and f.gossip
-        and (2 * f.members_alive < f.members_total)
-    )
+    isolated = is_isolated(f)
     if f.role is Role.LEADER:
         if isolated:
             return Action.FENCE

@@ -113,9 +113,11 @@ def test_a_stranger_with_a_higher_epoch_never_makes_an_unpaired_master_passive(t
 def test_an_ack_beyond_what_was_sent_ends_the_session_and_confirms_nothing(tmp_path: Path) -> None:
     master = start_node(tmp_path / "m", "server.name=m", "replication.mode=sync")
     try:
-        # A client with the key pairs as "x" (first pairing), then acks far past what it got.
+        # A client with the key pairs as "x" (first pairing: its first ack of what it holds),
+        # then acks far past what it was sent.
         async def forge() -> list[dict[str, Any]]:
-            return await _sync_session(master.url, _hello(node="x"), {"op": "ack", "lsn": 10**15}, read=3)
+            frames = (_hello(node="x"), {"op": "ack", "lsn": 0}, {"op": "ack", "lsn": 10**15})
+            return await _sync_session(master.url, *frames, read=3)
 
         answer = asyncio.run(forge())
         assert answer[0]["op"] == "start", answer
