@@ -293,12 +293,12 @@ class Follower:
                 )
                 for record in records:
                     mirror.apply(record)
-                now = loop_time()
-                if now - pruned >= PRUNE_EVERY_S or mirror.over_retention:
-                    pruned = now
-                    mirror.prune(self.host.now())
             else:
                 await self._control(link, frame)
+            now = loop_time()  # pings come every heartbeat: an idle mirror is pruned too
+            if now - pruned >= PRUNE_EVERY_S or mirror.over_retention:
+                pruned = now
+                mirror.prune(self.host.now())
 
     async def _control(self, link: SyncLink, frame: dict[str, Any]) -> None:
         op = frame["op"]

@@ -136,6 +136,7 @@ class ReplicationNode:
         self._fence_incarnation = -1  # the partner's gossip incarnation when we fenced
         self._partner_health: tuple[int, bool] | None = None  # (epoch, active) from its /health, fenced
         self._probe_task: asyncio.Task[None] | None = None
+        self._dialled_stale = False  # the node we follow answered that our epoch is newer
         self.pause_s = self.cfg.failover_timeout_s / 2  # a watchdog tick this late: we were frozen
         self._last_tick = -math.inf  # no tick yet: start() sets it
         self._doubt_since = self._doubt_until = -math.inf
@@ -234,13 +235,9 @@ class ReplicationNode:
         self._spawn_probe()
 
     def newer_than_leader(self) -> None:
-        """The node we dialled is behind our epoch: it steps down, we lead. Only a follower
-        that was in sync may; otherwise it waits for the facts (or an operator)."""
-        follower = self.follower
-        if follower is not None and follower.in_sync:
-            asyncio.get_running_loop().create_task(
-                self._locked(self._lead(Event.TAKE_OVER, None, "our epoch is the newer one"))
-            )
+        """The node we dialled is behind our epoch: it steps down (a higher epoch leads,
+        always), and on its next tick the watchdog makes us lead."""
+        self._dialled_stale = True
 
     async def take_over(self, epoch: int | None) -> None:
         """Hand-over received: the leader told us to lead at ``epoch`` (called from the
@@ -499,6 +496,11 @@ class ReplicationNode:
                 log.exception("replication watchdog step failed")
 
     async def _act(self, facts: Facts) -> None:
+        if self._dialled_stale:
+            self._dialled_stale = False
+            if self.role is Role.FOLLOWER:
+                await self._lead(Event.TAKE_OVER, None, "our epoch is the newer one")
+                return
         action = assess(facts)
         if action is Action.TAKE_OVER:
             self.takeovers += 1

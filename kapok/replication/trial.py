@@ -115,7 +115,11 @@ def start_pair(
         stop_all([master])
         raise
     try:
-        wait_for(lambda: bool(state_of(master).get("link_up")), DEADLINE_S, 0.05)
+        wait_for(
+            lambda: (s := state_of(master)).get("link_up") is True and bool(s.get("partner")),
+            DEADLINE_S,
+            0.05,
+        )
     except BaseException:
         stop_all([master, slave])
         raise

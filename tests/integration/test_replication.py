@@ -53,9 +53,13 @@ async def pair(start: Start, *sets: str) -> tuple[RunningApp, RunningApp]:
     master = await start("m", *sets)
     slave = await start("s", "replication.role=slave", f"replication.master={master.url}", *sets)
     await eventually(
-        lambda: master.replication.leader is not None and master.replication.leader.link_up,
+        lambda: (
+            master.replication.leader is not None
+            and master.replication.leader.link_up
+            and master.replication.state.paired
+        ),
         timeout_s=T,
-        what="the slave's link",
+        what="the slave's link and pairing",
     )
     return master, slave
 
@@ -248,3 +252,23 @@ async def test_after_a_takeover_a_batch_sent_again_is_answered_from_the_replicat
     mixed = {"messages": [*batch["messages"], {"data": "new", "dedup_id": "d-new"}]}
     async with session.post(f"{slave.url}/v1/topics/jobs/messages", json=mixed, headers=AUTH) as resp:
         assert resp.status == 503 and (await resp.json())["error"] == "replication_unavailable"
+
+
+async def test_a_slave_keeps_no_more_consumed_messages_than_retain_consumed_max(
+    start: Start, session: aiohttp.ClientSession
+) -> None:
+    master, slave = await pair(start, "replication.mode=async", "mq.retain_consumed_max=100")
+    for _ in range(10):  # 2,000 messages published and acked within well under a prune period
+        await publish(session, master, *[f"m{i}" for i in range(200)])
+        async with session.get(f"{master.url}/v1/topics/jobs/messages?max=500", headers=AUTH) as resp:
+            codes = [m["code"] for m in (await resp.json())["messages"]]
+        async with session.post(
+            f"{master.url}/v1/topics/jobs/ack", json={"codes": codes}, headers=AUTH
+        ) as resp:
+            assert resp.status == 200
+    leader = master.replication.leader
+    assert leader is not None
+    await eventually(lambda: leader.caught_up(), timeout_s=T, what="the slave catching up")
+    # Both forget what is past the limit: the mirror as its master does, load or no load.
+    await eventually(lambda: len(master.broker.messages) <= 100, timeout_s=T, what="the master forgetting")
+    await eventually(lambda: len(slave.broker.messages) <= 100, timeout_s=T, what="the slave forgetting")
