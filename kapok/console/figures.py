@@ -20,14 +20,17 @@ from aiohttp import web
 
 from kapok import __version__
 from kapok.config import public_dict
+from kapok.console.pairs import LIVE, pairs
 from kapok.console.rates import RATES
 from kapok.core.model import Status
 from kapok.core.topics import Group, Topic
 from kapok.server.cluster_view import member_rows
-from kapok.server.keys import SERVICE
+from kapok.server.keys import REPLICATION, SERVICE
+from kapok.server.ops import pair_role
 from kapok.server.service import ClientInfo
+from kapok.server.sync import pair_state
 
-__all__ = ["clients", "cluster", "config_rows", "disk_usage", "overview", "pair_rows", "topics"]
+__all__ = ["clients", "cluster", "config_rows", "disk_usage", "overview", "topics"]
 
 # Ready entries looked at per queue to find the oldest waiting message: a queue may start
 # with entries settled in place (deleted, expired), which are skipped lazily.
@@ -55,12 +58,15 @@ def overview(app: web.Application) -> dict[str, Any]:
         for name in ("published", "delivered", "redelivered", "acked", "nacked", "timeouts",
                      "dead_lettered", "expired", "dropped", "deleted", "duplicates")
     }  # fmt: skip
-    cfg = service.config
+    node = app[REPLICATION]
     return {
         "node": {
             "name": service.node_name,
             "version": __version__,
-            "role": cfg.replication.role,
+            "role": pair_role(node),  # as now, after any failover (not as configured)
+            "active": node.active,
+            "replication": node.replication,  # what a write waits for: sync, async, alone, ...
+            "link": node.link_state(),
             "http_url": service.http_url,
             "started_at": service.started_at,
             "uptime_s": round(now - service.started_at, 1),
@@ -241,42 +247,18 @@ def _lag(row: dict[str, Any]) -> dict[str, Any] | None:
     return lag if isinstance(lag, dict) else None
 
 
-def pair_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Members as master/slave pairs (``pair`` names the partner), masters first; a member
-    without a partner in the view is a pair with one side empty. Each pair carries the
-    higher epoch of its two sides and the replication lag one of them reports (the slave's
-    first)."""
-    by_name = {row["name"]: row for row in rows}
-    pairs: list[dict[str, Any]] = []
-    placed: set[str] = set()
-    for row in sorted(rows, key=lambda r: (r["role"] != "master", r["name"])):
-        if row["name"] in placed:
-            continue
-        partner = by_name.get(row["pair"]) if row.get("pair") else None
-        if partner is not None and (partner["name"] in placed or partner["role"] == row["role"]):
-            partner = None
-        master, slave = (row, partner) if row["role"] == "master" else (partner, row)
-        sides = [r for r in (master, slave) if r is not None]
-        placed.update(r["name"] for r in sides)
-        lag = next((r["lag"] for r in (slave, master) if r is not None and r.get("lag")), None)
-        epoch = max(r.get("epoch") or 0 for r in sides)
-        pairs.append({"master": master, "slave": slave, "epoch": epoch, "lag": lag})
-    return pairs
-
-
 def cluster(app: web.Application) -> dict[str, Any]:
-    """Every gossip member, and the members grouped as master/slave pairs.
-
-    Replication fills ``pair``, ``epoch`` and ``lag`` (``{records, bytes, seconds}``) as it
-    lands; a row without them is shown alone and with "—".
-    """
+    """Every gossip member, and the members as pair cards (``kapok.console.pairs``): this
+    node's own pair as its replication sees it, the others as gossip tells them."""
     rows = member_rows(app)
     for row in rows:
         url = row.get("http_url") or ""
         # Gossip metadata comes from the network: link only to what is an http(s) URL.
         row["console_url"] = f"{url}/console/cluster" if url.startswith(("http://", "https://")) else None
         row["lag"] = _lag(row)
+        row["active"] = row.get("active") is True and row.get("state") in LIVE  # never a dead node
     states: dict[str, int] = dict.fromkeys(("alive", "suspect", "dead", "left"), 0)
     for row in rows:
         states[row["state"]] = states.get(row["state"], 0) + 1
-    return {"members": rows, "pairs": pair_rows(rows), "states": states}
+    local = pair_state(app[REPLICATION])
+    return {"members": rows, "pairs": pairs(rows, local), "states": states}

@@ -99,11 +99,14 @@ def member_rows(app: web.Application) -> list[dict[str, Any]]:
                 "state": m.state.value,
                 "incarnation": m.incarnation,
                 "role": meta.role,
-                "active": meta.active and m.name not in stale,  # takes producers and consumers now
+                # Takes producers and consumers now: a dead or departed member's last
+                # metadata may still claim it, and a superseded claim is stale too.
+                "active": meta.active and m.state in _LIVE and m.name not in stale,
                 "pair": meta.pair,
                 "pair_id": meta.pair_id or m.name,  # the pair, whatever its roles now
                 "epoch": meta.epoch,
                 "lag": None if lag is None else {"records": lag[0], "bytes": lag[1], "seconds": lag[2]},
+                "alone_since": meta.alone_since,  # confirms writes without its partner since this LSN
                 "version": meta.version,
                 "load": meta.load,
                 "self": me,

@@ -226,30 +226,58 @@ async def test_bad_input_is_a_clear_error(start: StartNode, http: aiohttp.Client
 async def test_cluster_pairs_masters_and_slaves_with_their_lag(
     start: StartNode, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Replication fills ``pair``, ``epoch`` and ``lag`` in the gossip rows; the page shows
-    them as they come (here the rows are made up: replication is not part of this node)."""
+    """Replication fills ``pair``, ``pair_id``, ``epoch``, ``lag`` and ``alone_since`` in the
+    gossip rows; the page shows them as pair cards as they come (here the rows are made up:
+    these nodes are not part of this one's view), and a dead node's stale claim to be
+    active shows nowhere."""
     node = await start()
     console = await logged_in(http, node)
     lag = {"records": 12, "bytes": 3072, "seconds": 1.5}
     rows = [
         {"name": "m1", "http_url": "http://10.0.0.1:8011", "state": "alive", "role": "master", "pair": "s1",
-         "epoch": 2, "incarnation": 4, "active": True, "load": 3.0, "version": "0.2", "self": True},
+         "pair_id": "m1", "epoch": 2, "incarnation": 4, "active": True, "load": 3.0, "version": "0.2",
+         "self": False, "alone_since": None},
         {"name": "s1", "http_url": "http://10.0.0.2:8011", "state": "suspect", "role": "slave", "pair": "m1",
-         "epoch": 2, "incarnation": 1, "active": False, "load": 0.0, "version": "0.2", "self": False,
-         "lag": lag},
+         "pair_id": "m1", "epoch": 2, "incarnation": 1, "active": False, "load": 0.0, "version": "0.2",
+         "self": False, "lag": lag, "alone_since": None},
         {"name": "evil", "http_url": "javascript:alert(1)", "state": "dead", "role": "master", "pair": None,
-         "epoch": 0, "incarnation": 0, "active": True, "load": 0.0, "version": "0.2", "self": False},
+         "pair_id": "evil", "epoch": 0, "incarnation": 0, "active": True, "load": 0.0, "version": "0.2",
+         "self": False, "alone_since": 7},
     ]  # fmt: skip
     monkeypatch.setattr("kapok.console.figures.member_rows", lambda app: [dict(r) for r in rows])
     data = await console.json("/console/api/cluster")
     assert data["states"] == {"alive": 1, "suspect": 1, "dead": 1, "left": 0}
-    sides = [(p["master"] and p["master"]["name"], p["slave"] and p["slave"]["name"]) for p in data["pairs"]]
-    assert sides == [("evil", None), ("m1", "s1")]
-    assert (data["pairs"][1]["epoch"], data["pairs"][1]["lag"]) == (2, lag)
+    by_id = {p["id"]: p for p in data["pairs"]}
+    assert [p["id"] for p in data["pairs"]] == ["evil", "m1"]
+    m1, evil = by_id["m1"], by_id["evil"]
+    assert (m1["first"]["name"], m1["second"]["name"], m1["active"], m1["epoch"]) == ("m1", "s1", "m1", 2)
+    assert (m1["link"], m1["link_class"], m1["writes"], m1["lag"]) == ("up", "up", "yes", lag)
+    assert (evil["active"], evil["first"]["active"], evil["writes"]) == (None, False, "no")
+    assert [m["active"] for m in data["members"]] == [True, False, False]  # the dead one is not active
     assert data["members"][0]["console_url"] == "http://10.0.0.1:8011/console/cluster"
     assert data["members"][2]["console_url"] is None  # only http(s) URLs become links
     status, page = await console.get("/console/cluster")
     assert status == 200
     text = " ".join(re.sub(r"<[^>]+>", " ", page).split())
     assert "12 records · 3.0 KiB · 1.5 s" in text and 'href="http://10.0.0.2:8011/console/cluster"' in page
+    assert "Pair m1" in text and "Accepts writes yes m1 is active" in text
+    assert "no node of the pair is alive" in text
     assert "javascript:alert(1)" in text and 'href="javascript' not in page  # shown as text, never a link
+
+
+async def test_the_nodes_own_pair_and_replication_come_from_its_replication(
+    start: StartNode, http: aiohttp.ClientSession
+) -> None:
+    """A node alone (no gossip, no partner) is a pair of one that takes writes unpaired; the
+    overview says what a write waits for."""
+    node = await start()
+    console = await logged_in(http, node)
+    data = await console.json("/console/api/cluster")
+    (card,) = data["pairs"]
+    assert (card["local"], card["link"], card["writes"]) == (True, "unpaired", "yes")
+    assert card["active"] == card["id"] == card["first"]["name"]
+    assert card["first"]["self"] is True and card["second"] is None
+    overview = await console.json("/console/api/overview")
+    assert (overview["node"]["role"], overview["node"]["replication"]) == ("master", "unpaired")
+    status, page = await console.get("/console/overview")
+    assert status == 200 and "replication" in page and "is-unpaired" in page

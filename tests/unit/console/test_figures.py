@@ -1,35 +1,8 @@
-"""Pure parts of the console's figures: master/slave pairing and value formats."""
+"""Pure parts of the console's figures: value formats (pair cards: ``test_pairs.py``)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from kapok.console.figures import pair_rows
 from kapok.console.format import css_class, fmt, pick
-
-
-def member(name: str, role: str = "master", pair: str | None = None, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "role": role, "pair": pair, "epoch": 0, **extra}
-
-
-def test_members_are_paired_by_their_pair_field() -> None:
-    lag = {"records": 3, "bytes": 300, "seconds": 0.5}
-    rows = [
-        member("s1", "slave", "m1", epoch=4, lag=lag),
-        member("m2"),
-        member("m1", "master", "s1", epoch=3),
-        member("s9", "slave", "gone"),  # its master is not in the view
-    ]
-    pairs = pair_rows(rows)
-    shape = [(p["master"] and p["master"]["name"], p["slave"] and p["slave"]["name"]) for p in pairs]
-    assert shape == [("m1", "s1"), ("m2", None), (None, "s9")]
-    assert pairs[0]["epoch"] == 4 and pairs[0]["lag"] == lag
-    assert pairs[1]["lag"] is None and pairs[1]["epoch"] == 0
-
-
-def test_a_pair_field_naming_a_member_of_the_same_role_pairs_nothing() -> None:
-    pairs = pair_rows([member("a", pair="b"), member("b", pair="a")])
-    assert [(p["master"]["name"], p["slave"]) for p in pairs] == [("a", None), ("b", None)]
 
 
 def test_formats() -> None:
