@@ -30,16 +30,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-import aiohttp
-import orjson
-
 from kapok.clock import Clock
-from kapok.cluster.messages import NodeState, State
+from kapok.cluster.messages import State
 from kapok.cluster.node import GossipNode
 from kapok.config import Config
 from kapok.core.broker import Broker
@@ -47,6 +43,7 @@ from kapok.core.replay import Mirror
 from kapok.errors import FencedError, NotActiveError, ReplicationError
 from kapok.replication.follower import Follower
 from kapok.replication.leader import Leader
+from kapok.replication.partner import Partner, epoch_active, probe_health
 from kapok.replication.protocol import (
     Action,
     Event,
@@ -66,8 +63,6 @@ from kapok.storage.wal import WriteAheadLog
 __all__ = ["ReplicationNode", "Service"]
 
 log = logging.getLogger("kapok.replication")
-
-PROBE_TIMEOUT_S = 2.0
 
 
 class Service(Protocol):
@@ -133,13 +128,8 @@ class ReplicationNode:
         self._retired: Follower | None = None  # a follower that handed over: its task ends itself
         self._stopping = False
         self.alone_since: int | None = None  # sync leader confirming alone since this LSN
-        self._fence_incarnation = -1  # the partner's gossip incarnation when we fenced
-        self._partner_health: tuple[int, bool] | None = None  # (epoch, active) from its /health, fenced
-        self._probe_task: asyncio.Task[None] | None = None
         self._dialled_stale = False  # the node we follow answered that our epoch is newer
-        self.pause_s = self.cfg.failover_timeout_s / 2  # a watchdog tick this late: we were frozen
-        self._last_tick = -math.inf  # no tick yet: start() sets it
-        self._doubt_since = self._doubt_until = -math.inf
+        self.partner = Partner(self.cfg, gossip, self.configured_role)
 
     # ------------------------------------------------------------ what the drivers use
 
@@ -149,14 +139,7 @@ class ReplicationNode:
         return self.service.advertised_url
 
     def partner_url(self) -> str:
-        """Where the partner is: a configured slave's master is what the operator wrote;
-        otherwise what the partner advertises in gossip, or said when it paired."""
-        if self.configured_role == "slave" and self.cfg.master:
-            return self.cfg.master
-        row = self._partner_row()
-        if row is not None and row.meta.http_url:
-            return str(row.meta.http_url)
-        return self.state.partner_url or ""
+        return self.partner.url(self.state)
 
     def ask_back(self) -> bool:
         """A follower asks for its role back only as a returning configured master."""
@@ -195,14 +178,9 @@ class ReplicationNode:
         return self.role is Role.LEADER and not self.in_doubt()
 
     def in_doubt(self) -> bool:
-        """A paired node whose watchdog has not run for ``pause_s`` was frozen (SIGSTOP, a
-        stalled VM, a starved loop): what it knows is old, and its partner may have taken
-        over meanwhile. It serves nothing until it has heard from its partner again (the
-        link, or its ``/health``), or a failover timeout has refreshed its gossip view."""
-        if not self.state.paired or self.role is not Role.LEADER:
-            return False
-        now = asyncio.get_running_loop().time()
-        return now - self._last_tick > self.pause_s or now < self._doubt_until
+        """A paired leader that was frozen serves nothing until it has heard its partner
+        again (``kapok.replication.partner``)."""
+        return self.state.paired and self.role is Role.LEADER and self.partner.in_doubt()
 
     @property
     def pair_id(self) -> str:
@@ -232,7 +210,7 @@ class ReplicationNode:
     def newer_partner(self, epoch: int) -> None:
         """The paired partner says it led at a higher epoch: believe it only once its own
         ``/health`` (or gossip, through the watchdog) shows it active at that epoch."""
-        self._spawn_probe()
+        self.partner.probe(self.state)
 
     def newer_than_leader(self) -> None:
         """The node we dialled is behind our epoch: it steps down (a higher epoch leads,
@@ -283,7 +261,7 @@ class ReplicationNode:
     async def start(self) -> None:
         self.service.gate = self.gate
         self.service.confirm = self.confirm
-        self._last_tick = asyncio.get_running_loop().time()
+        self.partner.started()
         role, url = await self._first_role()
         async with self._lock:
             if role is Role.LEADER:
@@ -295,8 +273,8 @@ class ReplicationNode:
     async def _first_role(self) -> tuple[Role, str]:
         state = self.state
         url = self.partner_url()
-        health = await _probe(url) if state.paired else None
-        partner = None if health is None else _epoch_active(health)
+        health = await probe_health(url) if state.paired else None
+        partner = None if health is None else epoch_active(health)
         lead = leads_at_start(
             paired=state.paired, configured_master=self.configured_role == "master",
             epoch=state.epoch, leading=state.leading, partner=partner,
@@ -314,12 +292,12 @@ class ReplicationNode:
         for the follower to hold its last LSN, hands over at the next epoch, and never
         takes the role back (``ask_back`` is off from here on)."""
         self._stopping = True
-        for task in (self._watchdog, self._probe_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        self._watchdog = self._probe_task = None
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watchdog
+            self._watchdog = None
+        await self.partner.aclose()
         async with self._lock:
             if self.role is Role.STOPPED:
                 return
@@ -417,9 +395,7 @@ class ReplicationNode:
     async def _fence(self) -> None:
         self._become(Event.FENCE)
         self._set_alone(None)
-        row = self._partner_row()
-        self._fence_incarnation = row.incarnation if row is not None else -1
-        self._partner_health = None
+        self.partner.fenced(self.state)
         log.error("fenced: the slave link is down and fewer than half of the cluster's members are alive")
         await self._close_clients("fenced: this master is cut off from its slave and the majority")
 
@@ -473,19 +449,11 @@ class ReplicationNode:
     # ------------------------------------------------------------ the watchdog
 
     async def _watch(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.heartbeat_s / 2)
-            now = loop.time()
-            if now - self._last_tick > self.pause_s and self.state.paired:
-                frozen = now - self._last_tick
-                log.warning("this node was frozen for %.1f s: checking its partner before it serves", frozen)
-                self._doubt_since, self._doubt_until = now, now + self.cfg.failover_timeout_s
-                self._partner_health = None
-                self._spawn_probe()
-            self._last_tick = now
-            if now < self._doubt_until and self._doubt_cleared():
-                self._doubt_until = -math.inf
+            leader = self.leader
+            session = leader.session if leader is not None else None
+            if self.partner.tick(self.state, session.link.last_heard if session is not None else None):
                 self._on_change()
             try:
                 async with self._lock:
@@ -504,12 +472,12 @@ class ReplicationNode:
         action = assess(facts)
         if action is Action.TAKE_OVER:
             self.takeovers += 1
-            epoch = max(self.state.epoch, self._partner_epoch()) + 1
+            epoch = max(self.state.epoch, self.partner.epoch(self.state)) + 1
             why = f"the master has been silent for {self.cfg.failover_timeout_s} s"
             await self._lead(Event.TAKE_OVER, epoch, why, partner_gone=True)
         elif action is Action.STEP_DOWN:
             self.step_downs += 1
-            epoch = max(self._partner_epoch(), self._partner_health[0] if self._partner_health else 0)
+            epoch = self.partner.epoch(self.state)
             await self._follow(
                 Event.FOLLOW, self.partner_url(), f"{self.state.partner} leads at epoch {epoch}"
             )
@@ -528,13 +496,13 @@ class ReplicationNode:
             self._set_alone(None)
         if self.role is Role.FENCED:
             if is_isolated(facts):  # what it said while we were cut off may be overtaken
-                self._partner_health = None
+                self.partner.health = None
             else:  # learn the partner's epoch from its /health as well as from gossip
-                self._spawn_probe()
+                self.partner.probe(self.state)
 
     def facts(self) -> Facts:
         members = self.gossip.members() if self.gossip is not None else []
-        row = self._partner_row()
+        row = self.partner.row(self.state)
         follower, leader = self.follower, self.leader
         if follower is not None:
             link_up, silent = follower.link_up, follower.silent_s()
@@ -542,11 +510,7 @@ class ReplicationNode:
             link_up, silent = leader.link_up, leader.silent_s()
         else:
             link_up, silent = False, 0.0
-        epoch = row.meta.epoch if row is not None else 0
-        active = row is not None and row.meta.active and row.state in (State.ALIVE, State.SUSPECT)
-        health = self._partner_health
-        if health is not None and health[1] and health[0] > epoch:
-            epoch, active = health  # its own /health: active at a higher epoch
+        epoch, active = self.partner.leading(self.state)
         return Facts(
             role=self.role,
             epoch=self.state.epoch,
@@ -556,6 +520,7 @@ class ReplicationNode:
             failover_timeout_s=self.cfg.failover_timeout_s,
             gossip=self.gossip is not None,
             partner_alive=row is not None and row.state is State.ALIVE,
+            partner_left=row is not None and row.state is State.LEFT,
             partner_epoch=epoch,
             partner_active=active,
             members_alive=sum(1 for m in members if m.state is State.ALIVE),
@@ -572,48 +537,9 @@ class ReplicationNode:
             partner_alone=row is not None and row.meta.alone_since is not None,
             alone=self.alone_since is not None,
             sync_mode=self.cfg.mode == "sync",
-            partner_confirmed=link_up or self._partner_confirmed(row),
-            in_doubt=asyncio.get_running_loop().time() < self._doubt_until,
+            partner_confirmed=link_up or self.partner.confirmed(self.state),
+            in_doubt=self.partner.doubting(),
         )
-
-    def _partner_confirmed(self, row: NodeState | None) -> bool:
-        """Fenced: whether, since the fence, we learned that the partner leads at no higher
-        epoch than ours: from its own ``/health``, or from a gossip row newer than the one
-        we had when we fenced (a majority coming back alone says nothing about it)."""
-        mine = self.state.epoch
-        health = self._partner_health
-        if health is not None and (health[0] <= mine or not health[1]):
-            return True
-        if row is None:
-            return self.gossip is not None and not self.state.paired
-        fresh = row.incarnation > self._fence_incarnation and row.state is State.ALIVE
-        return fresh and (row.meta.epoch <= mine or not row.meta.active)
-
-    def _doubt_cleared(self) -> bool:
-        """Heard from the partner since the freeze: the link, or its /health."""
-        if self._partner_health is not None:
-            return True
-        leader = self.leader
-        heard = leader.session.link.last_heard if leader is not None and leader.session is not None else None
-        return heard is not None and heard > self._doubt_since
-
-    def _spawn_probe(self) -> None:
-        if self._probe_task is None or self._probe_task.done():
-            self._probe_task = asyncio.get_running_loop().create_task(self._probe_partner())
-
-    async def _probe_partner(self) -> None:
-        health = await _probe(self.partner_url())
-        if health is not None and health.get("node") == self.state.partner:
-            self._partner_health = _epoch_active(health)
-
-    def _partner_row(self) -> NodeState | None:
-        if self.gossip is None or self.state.partner is None:
-            return None
-        return next((m for m in self.gossip.members() if m.name == self.state.partner), None)
-
-    def _partner_epoch(self) -> int:
-        row = self._partner_row()
-        return row.meta.epoch if row is not None else 0
 
     # ------------------------------------------------------------ operator
 
@@ -642,7 +568,7 @@ class ReplicationNode:
                     "(use --force to accept that)"
                 )
             log.warning("promoted by the operator%s", " (forced)" if force else "")
-            epoch = max(self.state.epoch, self._partner_epoch()) + 1
+            epoch = max(self.state.epoch, self.partner.epoch(self.state)) + 1
             await self._lead(Event.PROMOTED, epoch, "promoted by the operator", partner_gone=True)
 
     def lag(self) -> tuple[int, int, float] | None:
@@ -659,26 +585,3 @@ class ReplicationNode:
                 return "alone"
             return "up" if self.leader.link_up else "down"
         return "down"
-
-
-def _epoch_active(health: dict[str, Any]) -> tuple[int, bool]:
-    epoch = health.get("epoch", 0)
-    return (epoch if type(epoch) is int else 0, health.get("active") is True)
-
-
-async def _probe(url: str) -> dict[str, Any] | None:
-    """The partner's ``/health``, or None when it does not answer."""
-    if not url:
-        return None
-    try:
-        timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
-        async with (
-            aiohttp.ClientSession(timeout=timeout) as http,
-            http.get(url.rstrip("/") + "/health") as resp,
-        ):
-            if resp.status != 200:
-                return None
-            body = orjson.loads(await resp.read())
-            return body if isinstance(body, dict) else None
-    except (OSError, aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
-        return None

@@ -158,6 +158,7 @@ class Facts:
     partner_confirmed: bool = False  # fenced: since the fence, gossip or its /health showed
     # the partner at an epoch no higher than ours, or not leading
     in_doubt: bool = False  # this node was frozen: its view is old until it hears its partner
+    partner_left: bool = False  # gossip: the partner announced a graceful leave (it is stopping)
 
 
 def _majority(f: Facts) -> bool:
@@ -180,7 +181,8 @@ def assess(f: Facts) -> Action:
     if f.in_doubt:
         return Action.NONE  # after a freeze nothing is decided on an old view
     silent = f.link_silent_s >= f.failover_timeout_s
-    partner_gone = f.paired and silent and not (f.gossip and f.partner_alive)
+    # A partner that left gracefully (an authenticated leave notice) is gone at once.
+    partner_gone = f.paired and ((silent and not (f.gossip and f.partner_alive)) or f.partner_left)
     if f.role is Role.FOLLOWER:
         # A broken link alone is not a dead leader: gossip must agree (when it runs). Only a
         # follower that holds every write the pair confirmed may take over: it was acking

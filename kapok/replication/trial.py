@@ -15,6 +15,8 @@ confirmed the fault of ``--scenario`` strikes:
 ``kill-slave``  SIGKILL of the slave (with a witness, the master confirms alone)
 ``pause``       SIGSTOP of the master for 3 failover timeouts, then SIGCONT
 ``isolate``     the master cut from everyone (gossip and link) for 3 failover timeouts
+``busy``        a CPU hog (4 spinning processes) for ``--busy-s`` seconds while the load
+                runs: no node is killed, so any takeover is a spurious one (counted)
 
 The run ends when the consumer has seen every confirmed message, or after a deadline.
 Per run: takeover time (from the fault to the slave's "now the active master" line),
@@ -62,8 +64,12 @@ DEADLINE_S = 30.0
 # but undelivered messages has built up on the master when it is killed: those must come
 # from the slave.
 WORK_S = 0.01
+# How long the producer waits for a node's answer before it tries the other one (a frozen or
+# cut-off node answers nothing); a client's publish time-out plays this part.
+PATIENCE_S = 1.0
 _ACTIVE_LINE = "now the active master"
-SCENARIOS = ("kill", "term", "kill-slave", "pause", "isolate")
+SCENARIOS = ("kill", "term", "kill-slave", "pause", "isolate", "busy")
+HOGS = 4  # busy: processes spinning on the CPU (two per core on a 2-core machine)
 
 
 @dataclass
@@ -77,6 +83,7 @@ class Outcome:
     both_active: int = 0  # /health polls that saw both nodes of the pair active
     no_active_s: float = 0.0  # the longest stretch with neither node active
     tracebacks: int = 0  # in every node's output: there must be none
+    takeovers: int = 0  # "now the active master" lines after the fault, on both nodes
     confirmed: int = 0
     from_slave: int = 0  # confirmed messages the consumer had not seen when the master died
     delivered: int = 0  # distinct messages the consumer saw
@@ -132,51 +139,67 @@ def state_of(node: NodeProcess | str) -> dict[str, Any]:
     return state
 
 
+def _active_times(node: NodeProcess, since: float, until: float = math.inf) -> list[float]:
+    """When the node logged that it became the active master, between ``since`` and ``until``
+    (unix times)."""
+    times = (
+        datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        for line in node.output.splitlines()
+        if _ACTIVE_LINE in line
+    )
+    return [at for at in times if since <= at <= until]
+
+
 def active_at(node: NodeProcess, since: float) -> float | None:
-    """When the node logged that it became the active master, after ``since`` (unix time)."""
-    for line in node.output.splitlines():
-        if _ACTIVE_LINE in line:
-            at = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-            if at >= since:
-                return at
-    return None
+    """When the node first logged that it became the active master, after ``since``."""
+    times = _active_times(node, since)
+    return times[0] if times else None
 
 
 @dataclass
 class _Tally:
     confirmed: set[str] = field(default_factory=set)
     seen: dict[str, int] = field(default_factory=dict)  # payload -> deliveries
-    confirmed_at: list[float] = field(default_factory=list)  # monotonic time of each puback
+    confirmed_at: list[tuple[float, float]] = field(default_factory=list)  # (sent, confirmed), monotonic
 
 
-async def _produce(http: aiohttp.ClientSession, urls: list[str], tally: _Tally, stop: asyncio.Event) -> None:
-    """Publish numbered messages with ``INFLIGHT`` batches unconfirmed to whichever node
-    takes them, moving on when a node refuses or goes. (It ends on ``stop``, not on a
-    cancel: aiohttp's receive with a timeout may turn a cancel into a timeout.)"""
+async def _produce(
+    http: aiohttp.ClientSession, urls: list[str], tally: _Tally, stop: asyncio.Event, rate: float = 0.0
+) -> None:
+    """Publish numbered messages with ``INFLIGHT`` batches unconfirmed to the node of the pair
+    that says it is active (as a client following the pair would), moving on when it refuses
+    or goes quiet. (It ends on ``stop``, not on a cancel: aiohttp's receive with a timeout
+    may turn a cancel into a timeout.)"""
     counter = itertools.count()
+    probe = aiohttp.ClientTimeout(total=0.25)
     while not stop.is_set():
-        for url in urls:
-            pending: dict[int, list[str]] = {}
+        active = await asyncio.gather(*(_active(http, url, probe) for url in urls))
+        for url in (u for u, up in zip(urls, active, strict=True) if up):
+            pending: dict[int, tuple[list[str], float]] = {}
             with contextlib.suppress(aiohttp.ClientError, ConnectionError, TimeoutError):
-                async with http.ws_connect(f"{url}/v1/ws", headers=AUTH) as ws:
+                closing = aiohttp.ClientWSTimeout(ws_close=0.2)  # a stopping node may not answer a close
+                async with http.ws_connect(f"{url}/v1/ws", headers=AUTH, timeout=closing) as ws:
                     rid = 0
                     while not stop.is_set():
                         while len(pending) < INFLIGHT:
                             rid += 1
                             payloads = [f"m{next(counter)}" for _ in range(BATCH)]
-                            pending[rid] = payloads
+                            pending[rid] = (payloads, time.monotonic())
                             msgs = [{"data": p} for p in payloads]
                             await ws.send_json({"op": "pub", "id": rid, "topic": TOPIC, "msgs": msgs})
-                        msg = await ws.receive(timeout=5.0)
+                        msg = await ws.receive(timeout=PATIENCE_S)
                         if msg.type is not aiohttp.WSMsgType.TEXT:
                             break
                         frame = json.loads(msg.data)
-                        payloads = pending.pop(frame.get("id"), [])
+                        payloads, sent_at = pending.pop(frame.get("id"), ([], 0.0))
+                        if rate:
+                            await asyncio.sleep(BATCH / rate)
                         if frame.get("op") == "puback":
                             tally.confirmed.update(payloads)
-                            tally.confirmed_at.append(time.monotonic())
+                            tally.confirmed_at.append((sent_at, time.monotonic()))
                         elif frame.get("code") in ("not_active", "fenced"):
-                            break  # this node takes no producers: try the other
+                            break  # this node takes no producers: look again
+            break
         await asyncio.sleep(0.05)
 
 
@@ -202,6 +225,10 @@ async def _consume(http: aiohttp.ClientSession, urls: list[str], tally: _Tally, 
                         codes = [m["code"] for m in frame["msgs"]]
                         await ws.send_json({"op": "ack", "sub": frame["sub"], "codes": codes})
         await asyncio.sleep(0.05)
+
+
+def _confirmed_after(tally: _Tally, since: float) -> list[float]:
+    return [confirmed for sent, confirmed in tally.confirmed_at if sent > since]
 
 
 @dataclass
@@ -249,6 +276,8 @@ async def failover_trial(
     scenario: str = "kill",
     witness: bool = False,
     logs: Path | None = None,
+    busy_s: float = 600.0,
+    rate: float = 0.0,
 ) -> Outcome:
     """One run: publish and consume, strike ``scenario`` once ``messages`` are confirmed,
     follow the pair through it, and count."""
@@ -272,11 +301,12 @@ async def failover_trial(
     urls = [master.url, slave.url]
     tally, stop, producing, watch = _Tally(), asyncio.Event(), asyncio.Event(), _Watch()
     seen_before: set[str] = set()
-    struck_at = math.inf
+    struck_at = ended_at = math.inf
     try:
-        async with aiohttp.ClientSession() as http:
+        timeout = aiohttp.ClientTimeout(total=None, connect=PATIENCE_S, sock_read=PATIENCE_S)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
             tasks = [
-                asyncio.create_task(_produce(http, urls, tally, producing)),
+                asyncio.create_task(_produce(http, urls, tally, producing, rate)),
                 asyncio.create_task(_consume(http, urls, tally, stop)),
                 asyncio.create_task(watch.run(http, urls, stop)),
             ]
@@ -289,12 +319,13 @@ async def failover_trial(
             out.lag_records_before_kill = lag
             seen_before = set(tally.seen)
             struck_at, struck_mono = time.time(), time.monotonic()
-            await _strike(scenario, master, slave, faults, failover_timeout_s, out)
+            await _strike(scenario, master, slave, faults, failover_timeout_s, out, busy_s)
+            # The write gap: from the fault to the first confirmation of a batch sent after it.
             give_up = time.monotonic() + DEADLINE_S
-            while time.monotonic() < give_up and not any(t > struck_mono for t in tally.confirmed_at):  # noqa: ASYNC110
+            while time.monotonic() < give_up and not _confirmed_after(tally, struck_mono):  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
-            after = [t for t in tally.confirmed_at if t > struck_mono]
-            out.write_gap_s = round(after[0] - struck_mono, 3) if after else None
+            after = _confirmed_after(tally, struck_mono)
+            out.write_gap_s = round(min(after) - struck_mono, 3) if after else None
             producing.set()
             await asyncio.wait_for(tasks.pop(0), DEADLINE_S)
             give_up = time.monotonic() + DEADLINE_S  # what never comes is counted as lost below
@@ -302,6 +333,7 @@ async def failover_trial(
                 await asyncio.sleep(0.05)
             stop.set()
             await asyncio.wait_for(asyncio.gather(*tasks), DEADLINE_S)
+            ended_at = time.time()  # what the nodes log from here on is the teardown's
     except BaseException:
         producing.set()
         stop.set()
@@ -310,6 +342,7 @@ async def failover_trial(
         stop_all(nodes)
         if logs is not None:
             _keep_logs(logs, nodes)
+    out.takeovers = sum(len(_active_times(node, struck_at, ended_at)) for node in (master, slave))
     became_active = active_at(slave, struck_at)
     out.takeover_s = None if became_active is None else round(became_active - struck_at, 3)
     out.tracebacks = sum(node.output.count("Traceback") for node in nodes)
@@ -335,6 +368,7 @@ async def _strike(
     faults: Path,
     failover_timeout_s: float,
     out: Outcome,
+    busy_s: float,
 ) -> None:
     if scenario == "kill":
         master.kill()
@@ -352,6 +386,15 @@ async def _strike(
         await asyncio.to_thread(faults.write_text, '{"isolate": true}')
         await asyncio.sleep(3 * failover_timeout_s)
         await asyncio.to_thread(faults.write_text, "{}")
+    elif scenario == "busy":
+        spin = "while True: pass"
+        hogs = [await asyncio.create_subprocess_exec(sys.executable, "-c", spin) for _ in range(HOGS)]
+        try:
+            await asyncio.sleep(busy_s)
+        finally:
+            for hog in hogs:
+                hog.kill()
+                await hog.wait()
     else:
         raise ValueError(f"unknown scenario {scenario!r}")
 
@@ -374,6 +417,7 @@ def summary(outcomes: list[Outcome]) -> dict[str, Any]:
         "stop_max_s": max(stops) if stops else None,
         "both_active_polls": sum(o.both_active for o in outcomes),
         "tracebacks": sum(o.tracebacks for o in outcomes),
+        "takeovers": sum(o.takeovers for o in outcomes),
         "no_active_max_s": max((o.no_active_s for o in outcomes), default=0.0),
         "takeover_p50_s": statistics.median(times) if times else None,
         "takeover_p99_s": _percentile(times, 0.99) if times else None,
@@ -397,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=2000, help="confirmed before the fault")
     parser.add_argument("--scenario", choices=SCENARIOS, default="kill")
     parser.add_argument("--witness", action="store_true", help="a third node: the pair's witness")
+    parser.add_argument("--busy-s", type=float, default=600.0, help="busy: how long the CPU hog runs")
+    parser.add_argument("--rate", type=float, default=0.0, help="messages a second (0: as fast as it goes)")
     parser.add_argument("--fsync", default="always", choices=("always", "interval", "never"))
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--logs", type=Path, help="keep every node's output here, a folder a run")
@@ -409,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
                 failover_trial(
                     Path(tmp) / f"run{i}", mode=args.mode, profile=args.profile, failover_timeout_s=timeout,
                     messages=args.messages, sets=(f"storage.fsync={args.fsync}",),
-                    scenario=args.scenario, witness=args.witness,
+                    scenario=args.scenario, witness=args.witness, busy_s=args.busy_s, rate=args.rate,
                     logs=None if args.logs is None else args.logs / f"run{i}",
                 )
             )  # fmt: skip

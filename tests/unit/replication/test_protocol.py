@@ -65,6 +65,14 @@ GONE = {"link_up": False, "link_silent_s": 5.0, "partner_alive": False}  # the p
         (replace(LEADING, link_up=False, link_silent_s=5.0, members_alive=2, members_total=3), Action.NONE),
         # The slave is gone and the majority is here: sync mode confirms alone,
         (replace(LEADING, **GONE, members_alive=2, members_total=3), Action.GO_ALONE),
+        # a follower that left gossip gracefully (it is stopping) is gone at once,
+        (replace(LEADING, link_up=False, link_silent_s=0.1, partner_left=True), Action.GO_ALONE),
+        (
+            replace(
+                LEADING, link_up=False, link_silent_s=0.1, partner_left=True, members_alive=1, members_total=1
+            ),
+            Action.GO_ALONE,
+        ),
         # async mode has nothing to change,
         (replace(LEADING, **GONE, members_alive=2, members_total=3, sync_mode=False), Action.NONE),
         # one pair and no witness cannot tell a cut from a crash: neither fence nor alone (README),
