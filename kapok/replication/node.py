@@ -221,6 +221,8 @@ class ReplicationNode:
         """Hand-over received: the leader told us to lead at ``epoch`` (called from the
         follower's own task, which ends once it has answered)."""
         async with self._lock:
+            if self._stopping:  # a node on its way out takes no role: the master keeps it
+                raise ReplicationError(f"{self.name} is stopping: it takes no hand-over")
             self._retired, self.follower = self.follower, None
             await self._lead(Event.PROMOTED, epoch, "the master handed over")
             self.hand_overs += 1
@@ -459,16 +461,21 @@ class ReplicationNode:
                 async with self._lock:
                     if self.role is Role.STOPPED:
                         return
-                    await self._act(self.facts())
+                    # A decision can make the next one due at once (a takeover of a node gone
+                    # for good, then confirming alone): a few steps a tick, not one.
+                    for _ in range(3):
+                        if not await self._act(self.facts()):
+                            break
             except Exception:
                 log.exception("replication watchdog step failed")
 
-    async def _act(self, facts: Facts) -> None:
+    async def _act(self, facts: Facts) -> bool:
+        """Carry out what the state table says; whether it changed anything."""
         if self._dialled_stale:
             self._dialled_stale = False
             if self.role is Role.FOLLOWER:
                 await self._lead(Event.TAKE_OVER, None, "our epoch is the newer one")
-                return
+                return True
         action = assess(facts)
         if action is Action.TAKE_OVER:
             self.takeovers += 1
@@ -499,6 +506,7 @@ class ReplicationNode:
                 self.partner.health = None
             else:  # learn the partner's epoch from its /health as well as from gossip
                 self.partner.probe(self.state)
+        return action is not Action.NONE
 
     def facts(self) -> Facts:
         members = self.gossip.members() if self.gossip is not None else []
