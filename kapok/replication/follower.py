@@ -12,8 +12,18 @@ take over at the given epoch, answers ``promoted``, and ends: a follower never o
 its node's following.
 
 The follower decides nothing about failures: it reports when it last heard from the
-leader (``silent_s``), whether it was in sync (``in_sync``: it acked in the current
-epoch) and the link's state (``link_state``), and its node's state table decides. A link
+leader (``silent_s``), whether it is in sync (``in_sync``) and the link's state
+(``link_state``), and its node's state table decides. In sync means it holds every write
+the pair may have confirmed: it has acked, since this process started or since its last
+full transfer, everything its leader had logged when it connected (the ``lsn`` of the
+leader's first ping); from then on every confirmation waits for its acks. A follower
+whose own log came back shorter than what it once acked (a damaged or truncated segment,
+cut at recovery) is thus not in sync until it has fetched the rest again, and never
+takes over before.
+
+A full disk (``kapok.storage.wal``): the WAL keeps trying to write the batch in hand and
+its ack waits; the follower reads nothing more until the WAL writes again, so its memory
+stays bounded and its leader, which still holds every record not acked, keeps them. A link
 with no frame for ``stall_s`` is closed (a stalled TCP connection looks open). A leader
 that refuses us (a wrong key, another slave, a pairing token it does not know) is an
 operator's problem: one ERROR line with the cause in words, and retries back off to
@@ -122,7 +132,8 @@ class Follower:
         self._acked = 0
         self.refusals = 0  # times the master refused us (paired with another slave...)
         self.link_state = "connecting"  # up, down, or refused (why): for the console and the CLI
-        self.in_sync = False  # acked in the current epoch: only then may this node take over
+        self.in_sync = False  # holds every write its leader confirmed: only then may it take over
+        self._catch_up_to: int | None = None  # the leader's log end when we connected (first ping)
         self.handed_over = False
         self._ack_wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -237,6 +248,7 @@ class Follower:
         self.host.adopt(self.leader_name, epoch, history, token)
         self.durable = self.host.wal.next_lsn
         self._acked = -1  # so the first ack says where we are
+        self._catch_up_to = None
         self.link_state = "up"
         log.info("following %s from LSN %d (epoch %d, %s)", self.leader_name, lsn, epoch, start.get("mode"))
         sender = asyncio.get_running_loop().create_task(self._send(link))
@@ -288,6 +300,8 @@ class Follower:
                 if len(records) != count:
                     raise ReplicationError(f"a batch said {count} records and held {len(records)}")
                 end = first + count
+                if wal.full:  # the disk is full: take nothing more until the WAL writes again
+                    await wal.wait_for_space()
                 wal.append_encoded(payload, count).add_done_callback(
                     functools.partial(self._made_durable, end)
                 )
@@ -306,6 +320,9 @@ class Follower:
             lag = frame.get("lag")
             if isinstance(lag, list) and len(lag) == 3:
                 self.lag = (int(lag[0]), int(lag[1]), float(lag[2]))
+            if self._catch_up_to is None:
+                self._catch_up_to = get_int(frame, "lsn")
+                self._ack_wake.set()
         elif op == "handover":
             lsn, epoch = get_int(frame, "lsn"), get_int(frame, "epoch")
             wal = self.host.wal
@@ -334,6 +351,7 @@ class Follower:
             if self.durable > self._acked:
                 self._acked = self.durable
                 await link.send_control("ack", lsn=self._acked)
+            if not self.in_sync and self._catch_up_to is not None and self._acked >= self._catch_up_to:
                 self.in_sync = True
             now = loop_time()
             if now - last_ping >= self.heartbeat_s:

@@ -7,9 +7,11 @@ Layout under ``storage.dir``::
     archive/archive-*.jsonl        lifecycle events for analytics (written by the archiver process)
 
 Recovery loads the newest valid snapshot, replays the WAL from its LSN,
-stops at the first torn or corrupt record (the segment is cut there, the
-offset logged and counted; later segments are set aside as ``.orphan``),
-then requeues whatever was in flight. A snapshot is taken every
+stops at the first torn or corrupt record, or at a gap between two segments
+the snapshot does not cover (the log is cut there, the offset logged and
+counted; later segments are set aside as ``.orphan``), then requeues
+whatever was in flight: a node never serves past a damaged record (a slave
+fetches the rest from its master again). A snapshot is taken every
 ``snapshot_interval_s`` and at clean shutdown, after which WAL segments
 the previous snapshot covers are deleted: the two newest snapshots and the
 WAL since the older of them stay, so a damaged newest snapshot is survived.
@@ -143,10 +145,21 @@ class DiskStore:
         segments = list_segments(self.wal_dir)
         next_lsn = start_lsn
         replayed = 0
+        read = False  # a segment was read: the next one must go on from its end
         for i, segment in enumerate(segments):
             following = segments[i + 1 :]
             if following and following[0].first_lsn <= start_lsn:
                 continue  # wholly covered by the snapshot
+            if read and segment.first_lsn > next_lsn:  # records in between are missing: none after counts
+                self.corrupt_tails += 1
+                log.warning(
+                    "WAL %s starts at LSN %d, but the log before it ends at %d; set aside as .orphan",
+                    segment.path.name, segment.first_lsn, next_lsn,
+                )  # fmt: skip
+                for later in segments[i:]:
+                    later.path.rename(later.path.with_suffix(".orphan"))
+                break
+            read = True
             reader = FrameReader(map_file(segment.path))
             lsn = segment.first_lsn
             for record in reader:
@@ -201,6 +214,8 @@ class DiskStore:
             await asyncio.sleep(self.cfg.snapshot_interval_s)
             try:
                 await self.snapshot()
+            except OSError as exc:  # a full disk, say: one line, no traceback
+                log.error("snapshot failed: %s; the WAL still holds everything", exc)
             except Exception:  # the next interval tries again; the WAL holds everything
                 log.exception("snapshot failed; the WAL still holds everything")
 
@@ -247,6 +262,7 @@ class DiskStore:
             "wal_records_total": wal.records_written,
             "wal_bytes_total": wal.bytes_written,
             "wal_fsyncs_total": wal.fsyncs,
+            "wal_disk_full_total": wal.disk_full,
             "recovery_corrupt_tails_total": self.corrupt_tails,
             "recovery_snapshots_skipped_total": self.snapshots_skipped,
             "recovery_seconds": self.recovery_s,
@@ -271,6 +287,8 @@ class DiskStore:
         if self._broker is not None and snapshot:
             try:
                 await self.snapshot()
+            except OSError as exc:
+                log.error("the shutdown snapshot failed: %s; the WAL still holds everything", exc)
             except Exception:
                 log.exception("the shutdown snapshot failed; the WAL still holds everything")
         await self.wal.aclose()

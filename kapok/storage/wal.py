@@ -32,12 +32,24 @@ segment file ``wal-<first LSN>.log`` holds consecutive records; a new one
 starts when a segment reaches ``segment_max_bytes`` or when a snapshot asks
 for a clean cut (``cut()``), so that whole segments can be deleted once a
 snapshot covers them.
+
+A full disk. A frame that finds no space is cut off the file again (the segment keeps
+ending on a whole frame). The master's own records then fail the log for good, as any
+write error does: the broker has applied them already and cannot take them back. A
+slave's copy of its master's batch (``append_encoded``) waits instead: the flusher tries
+it again, more and more slowly (up to ``FULL_RETRY_S``), until it is written; its future
+(the slave's ack) waits with it, and ``full`` / ``wait_for_space`` tell the slave to take
+nothing more meanwhile. The master still holds those records, and nothing acknowledged
+them, so the wait costs no data and no memory beyond the frames in hand. One ERROR line
+when the disk fills, one line when the log writes again, and ``disk_full`` counts the
+times; ``aclose`` gives up the wait (what was never written was never acknowledged).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import itertools
 import logging
 import os
@@ -46,7 +58,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Final, Protocol
 
 from kapok.core.changes import Change
 from kapok.errors import StorageError
@@ -70,6 +82,10 @@ ARCHIVE_BATCH_BYTES = 1024 * 1024
 # loop; with that rule, p99.9 0.3-0.6 ms, as with policy never.
 # Larger writes, and any that opens a segment, go to the writer thread.
 INLINE_WRITE_BYTES = 64 * 1024
+# A slave's write that found the disk full is tried again after the first delay, doubling
+# up to the cap: a freed disk is seen within a second, and a full one costs a few writes.
+FULL_RETRY_S: Final = (0.05, 1.0)
+NO_SPACE: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class ReplicaSink(Protocol):
@@ -125,6 +141,7 @@ class _Batch:
     new_segment: bool  # start a new segment file before writing this batch
     payload: bytes | None = None  # already encoded (a slave's copy of its master's batch)
     count: int = 0  # records in ``payload``
+    replica: bool = False  # a slave's copy: it may wait for space on a full disk
 
 
 @dataclass(slots=True)
@@ -133,7 +150,18 @@ class _Encoded:
     count: int
     payload: bytes
     new_segment: bool
+    replica: bool = False
     header: bytes = b""  # length and CRC, computed where it is written
+
+
+class _DiskFull(Exception):
+    """A replica's frame found no space: the first ``written`` batches of the write went
+    out before it, and the file was cut back to the end of the last whole frame."""
+
+    def __init__(self, written: int, error: OSError) -> None:
+        super().__init__(str(error))
+        self.written = written
+        self.error = error
 
 
 class WriteAheadLog:
@@ -180,6 +208,13 @@ class WriteAheadLog:
         self._file_lock = threading.Lock()  # guards _file and _dirty between the two threads
         self._tasks: list[asyncio.Task[None]] = []
         self.failed: StorageError | None = None
+        self.disk_full = 0  # times a slave's write found the disk full (and waited for space)
+        self.full_since: float | None = None  # loop time the current wait began
+        self._full_tries = 0
+        self._full_lsn = 0  # the first record that waits for space
+        self._space = asyncio.Event()  # set unless a write waits for space
+        self._space.set()
+        self._closing = asyncio.Event()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -193,6 +228,7 @@ class WriteAheadLog:
             self._tasks.append(loop.create_task(self._interval_syncer()))
 
     async def aclose(self) -> None:
+        self._closing.set()  # a write waiting for space gives up: it was never acknowledged
         await self.flush()
         for task in self._tasks:
             task.cancel()
@@ -220,9 +256,18 @@ class WriteAheadLog:
         WAL wrote it): it is written as one frame of its own, at the next LSNs."""
         if self.failed is not None:
             raise self.failed
-        self._batches.append(_Batch(self.next_lsn, [], self._cut_next, payload, count))
+        self._batches.append(_Batch(self.next_lsn, [], self._cut_next, payload, count, replica=True))
         self._cut_next = False
         return self._queued(count)
+
+    @property
+    def full(self) -> bool:
+        """A slave's write waits for space on a full disk (see the module's docstring)."""
+        return self.full_since is not None
+
+    async def wait_for_space(self) -> None:
+        """Return once no write waits for space (at once when none does, or the log failed)."""
+        await self._space.wait()
 
     def _queued(self, count: int) -> asyncio.Future[None]:
         """Count ``count`` records just queued; the future every append shares until the
@@ -253,12 +298,16 @@ class WriteAheadLog:
         batches = self._batches
         if not batches or self._inflight is not None or self.failed is not None:
             return False
+        if any(b.replica for b in batches):
+            return False  # a slave's copies: only the flusher can wait for space on a full disk
         if self._archive is not None and self._archive.behind():
             return False  # the flusher waits for it: the archive's lag stays bounded
         encoded = [_encode(b) for b in batches]
         if not self._inline(encoded):
             # For the flusher, as they are: encoded once, not again.
-            self._batches = [_Batch(e.first_lsn, [], e.new_segment, e.payload, e.count) for e in encoded]
+            self._batches = [
+                _Batch(e.first_lsn, [], e.new_segment, e.payload, e.count, e.replica) for e in encoded
+            ]
             return False
         self._batches = []
         waiter, self._pending = self._pending, None
@@ -293,10 +342,19 @@ class WriteAheadLog:
                 try:
                     encoded = [_encode(b) for b in batches]
                     self._offer(encoded)
-                    if self._inline(encoded):
-                        self._write(encoded, sync)
-                    else:
-                        await loop.run_in_executor(self._thread, self._write, encoded, sync)
+                    rest = encoded
+                    while True:
+                        try:
+                            if self._inline(rest):
+                                self._write(rest, sync)
+                            else:
+                                await loop.run_in_executor(self._thread, self._write, rest, sync)
+                            break
+                        except _DiskFull as full:
+                            rest = rest[full.written :]
+                            await self._wait_for_space(full, rest[0].first_lsn)
+                    if self.full_since is not None:
+                        self._space_again()
                 except OSError as exc:
                     self._fail(exc, waiter)
                     return
@@ -314,12 +372,46 @@ class WriteAheadLog:
 
     def _fail(self, exc: OSError, waiter: asyncio.Future[None] | None) -> None:
         self.failed = StorageError(f"the write-ahead log failed: {exc}")
-        log.error("%s; the node no longer accepts writes", self.failed.message)
+        if self.full_since is not None and self._closing.is_set():
+            log.warning("closed with the disk full: records from LSN %d on were not written", self._full_lsn)
+        else:
+            log.error("%s; the node no longer accepts writes", self.failed.message)
         for future in (waiter, self._pending):
             if future is not None and not future.done():
                 future.set_exception(self.failed)
                 future.exception()  # retrieved: an unawaited failure is not an extra log line
         self._inflight = None
+        self._space.set()  # whoever waits for space learns of the failure instead
+
+    async def _wait_for_space(self, full: _DiskFull, lsn: int) -> None:
+        """A replica's write found the disk full: wait a while before it is tried again;
+        the OSError when the log is closing."""
+        loop = asyncio.get_running_loop()
+        if self.full_since is None:
+            self.full_since = loop.time()
+            self.disk_full += 1
+            self._space.clear()
+            log.error(
+                "disk full: the write-ahead log cannot write LSN %d in %s (%s); no record past it "
+                "is acknowledged until space is freed, and it is tried again until then",
+                lsn, self.directory, full.error.strerror or full.error,
+            )  # fmt: skip
+        self._full_lsn = lsn
+        first, cap = FULL_RETRY_S
+        delay = min(cap, first * 2**self._full_tries)
+        self._full_tries += 1
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._closing.wait(), delay)
+        if self._closing.is_set():
+            raise full.error
+
+    def _space_again(self) -> None:
+        assert self.full_since is not None and self._loop is not None
+        waited = self._loop.time() - self.full_since
+        log.warning("the write-ahead log writes again after %.1f s of a full disk", waited)
+        self.full_since = None
+        self._full_tries = 0
+        self._space.set()
 
     def _inline(self, batches: list[_Encoded]) -> bool:
         """Whether ``batches`` may be written on the event loop (see ``INLINE_WRITE_BYTES``)."""
@@ -373,7 +465,7 @@ class WriteAheadLog:
     # ------------------------------------------------------------ writer thread
 
     def _write(self, batches: list[_Encoded], sync: bool) -> None:
-        for batch in batches:
+        for i, batch in enumerate(batches):
             if self._file is None or batch.new_segment or self._file_size >= self.segment_max_bytes:
                 self._open_segment(batch.first_lsn)
             assert self._file is not None
@@ -381,11 +473,19 @@ class WriteAheadLog:
             payload = batch.payload
             header = frame_header(payload)
             size = len(header) + len(payload)
-            written = os.writev(self._file, (header, payload))
-            if written < size:  # short write: the rest the plain way
-                rest = memoryview(header + payload)[written:]
-                while rest:
-                    rest = rest[os.write(self._file, rest) :]
+            try:
+                written = os.writev(self._file, (header, payload))
+                if written < size:  # short write: the rest the plain way
+                    rest = memoryview(header + payload)[written:]
+                    while rest:
+                        rest = rest[os.write(self._file, rest) :]
+            except OSError as exc:
+                if exc.errno not in NO_SPACE:
+                    raise
+                os.ftruncate(self._file, self._file_size)  # no torn frame stays behind
+                if not batch.replica:
+                    raise
+                raise _DiskFull(i, exc) from None
             batch.header = header
             self._file_size += size
             self.bytes_written += size
@@ -487,5 +587,5 @@ class WriteAheadLog:
 
 def _encode(batch: _Batch) -> _Encoded:
     if batch.payload is not None:
-        return _Encoded(batch.first_lsn, batch.count, batch.payload, batch.new_segment)
+        return _Encoded(batch.first_lsn, batch.count, batch.payload, batch.new_segment, batch.replica)
     return _Encoded(batch.first_lsn, len(batch.changes), encode_payload(batch.changes), batch.new_segment)
