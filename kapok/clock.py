@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["Clock", "SystemClock", "Timer", "loop_time"]
+__all__ = ["Clock", "SystemClock", "Timer", "loop_time", "wait_set"]
 
 
 class Timer(Protocol):
@@ -43,3 +43,15 @@ def loop_time() -> float:
     """The running event loop's monotonic clock, in seconds: what link silences and network
     time-outs are measured on (uvloop's clock has an origin of its own: one clock for all)."""
     return asyncio.get_running_loop().time()
+
+
+async def wait_set(event: asyncio.Event, timeout_s: float) -> bool:
+    """Wait for ``event`` at most ``timeout_s`` seconds; whether it was set. Use it instead of
+    ``asyncio.wait_for(event.wait(), ...)`` in a loop: on Python 3.11 that can turn a cancel
+    arriving as the time runs out into a TimeoutError, so a task asked to stop runs on."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True

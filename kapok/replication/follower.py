@@ -42,7 +42,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from kapok.clock import loop_time
+from kapok.clock import loop_time, wait_set
 from kapok.config import ReplicationConfig
 from kapok.core.replay import Mirror
 from kapok.errors import KapokError, ReplicationError, SyncRefusedError
@@ -135,6 +135,7 @@ class Follower:
         self.in_sync = False  # holds every write its leader confirmed: only then may it take over
         self._catch_up_to: int | None = None  # the leader's log end when we connected (first ping)
         self.handed_over = False
+        self._closing = asyncio.Event()  # set by aclose: the loop ends, whatever a cancel became
         self._ack_wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._rng = random.Random()
@@ -143,6 +144,9 @@ class Follower:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def aclose(self) -> None:
+        # The flag, not the cancel alone, ends the loop: aiohttp's receive with a time-out can
+        # turn a cancel into a TimeoutError, which the loop takes for a broken link.
+        self._closing.set()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -165,7 +169,7 @@ class Follower:
         failures = 0
         refused_why = ""
         async with aiohttp.ClientSession() as http:
-            while not self.handed_over:
+            while not (self.handed_over or self._closing.is_set()):
                 why = ""
                 try:
                     await self._session(http)
@@ -201,9 +205,8 @@ class Follower:
                 first, cap = BACKOFF_S
                 if refused_why:
                     cap = REFUSED_BACKOFF_S
-                await asyncio.sleep(
-                    self._rng.uniform(cap / 2 if refused_why else 0, min(cap, first * 2**failures))
-                )
+                delay = self._rng.uniform(cap / 2 if refused_why else 0, min(cap, first * 2**failures))
+                await wait_set(self._closing, delay)
 
     async def _session(self, http: aiohttp.ClientSession) -> None:
         headers = {"Authorization": f"Bearer {self.host.secret}"}
@@ -358,5 +361,4 @@ class Follower:
                 last_ping = now
                 await link.send_control("ping", epoch=self.host.state.epoch, lsn=self.durable)
             self._ack_wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._ack_wake.wait(), self.heartbeat_s)
+            await wait_set(self._ack_wake, self.heartbeat_s)

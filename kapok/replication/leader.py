@@ -26,7 +26,7 @@ import secrets
 from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kapok.clock import loop_time
+from kapok.clock import loop_time, wait_set
 from kapok.config import ReplicationConfig
 from kapok.core.broker import Broker
 from kapok.core.replay import state_records
@@ -337,8 +337,7 @@ class Leader:
                     "ping", epoch=self.pair.state.epoch, lsn=self.pair.wal.next_lsn, lag=self.lag()
                 )
             if not batches:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.heartbeat_s)
+                await wait_set(self._wake, self.heartbeat_s)
 
     async def _receive(self, session: _Session) -> None:
         link = session.link

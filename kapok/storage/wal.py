@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
 
+from kapok.clock import wait_set
 from kapok.core.changes import Change
 from kapok.errors import StorageError
 from kapok.storage.records import encode_payload, frame_header
@@ -400,9 +401,7 @@ class WriteAheadLog:
         first, cap = FULL_RETRY_S
         delay = min(cap, first * 2**self._full_tries)
         self._full_tries += 1
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._closing.wait(), delay)
-        if self._closing.is_set():
+        if await wait_set(self._closing, delay):
             raise full.error
 
     def _space_again(self) -> None:
