@@ -33,6 +33,7 @@ from kapok.launch import NodeProcess, cluster_sets, get_json, start_node, stop_a
 from kapok.replication.trial import failover_trial, state_of
 from kapok.testing.faultproxy import ThreadedFaultProxy
 from kapok.testing.history import HealthWatcher, History
+from kapok.testing.nodehttp import drain, metric, publish
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -116,7 +117,7 @@ class _Load:
                     return
                 ids = [f"m{self._n + i}" for i in range(10)]
                 self._n += 10
-                status, body = _publish(url, *ids)
+                status, body = publish(url, *ids)
                 if status == 200:
                     self.history.published("ok", *ids)
                 elif status == 0:
@@ -129,34 +130,11 @@ class _Load:
                 time.sleep(0.01)
 
 
-def _publish(url: str, *datas: str) -> tuple[int, dict[str, Any]]:
-    body = json.dumps({"messages": [{"data": d} for d in datas]}).encode()
-    request = urllib.request.Request(f"{url}/v1/topics/jobs/messages", data=body, headers=AUTH)
-    try:
-        with urllib.request.urlopen(request, timeout=5.0) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-    except OSError:
-        return 0, {}
-
-
 def _drain(url: str, history: History) -> int:
     """Lease and ack every ready message of ``jobs`` on ``url``; returns how many."""
-    got = 0
-    for _ in range(1000):
-        request = urllib.request.Request(f"{url}/v1/topics/jobs/messages?max=500", headers=AUTH)
-        with urllib.request.urlopen(request, timeout=10.0) as resp:
-            batch = json.loads(resp.read())["messages"]
-        if not batch:
-            return got
-        history.delivered(*(m["data"] for m in batch))
-        got += len(batch)
-        ack = json.dumps({"codes": [m["code"] for m in batch]}).encode()
-        req = urllib.request.Request(f"{url}/v1/topics/jobs/ack", data=ack, headers=AUTH)
-        with urllib.request.urlopen(req, timeout=10.0):
-            pass
-    raise AssertionError("more messages than expected")
+    got = drain(url)
+    history.delivered(*(m["data"] for m in got))
+    return len(got)
 
 
 def _ready(url: str) -> int:
@@ -244,7 +222,7 @@ def test_a_damaged_sync_link_with_gossip_fine_is_detected_and_heals_without_loss
 def _fill(url: str, count: int) -> None:
     payload = "x" * 200
     for start in range(0, count, 1000):
-        status, body = _publish(url, *[f"{payload}{i}" for i in range(start, min(start + 1000, count))])
+        status, body = publish(url, *[f"{payload}{i}" for i in range(start, min(start + 1000, count))])
         assert status == 200, body
 
 
@@ -277,7 +255,7 @@ def test_a_slave_killed_or_paused_during_a_full_transfer_ends_whole(tmp_path: Pa
             time.sleep(3 * TIMEOUT_S)
             os.kill(slave.pid, signal.SIGCONT)
         wait_for(lambda: (state_of(master).get("lag") or {}).get("records") == 0, 2 * DEADLINE_S, 0.1)
-        wait_for(lambda: _messages(slave) == 60_000, DEADLINE_S, 0.1)
+        wait_for(lambda: metric(slave.url, "kapok_messages_stored", -1.0) == 60_000, DEADLINE_S, 0.1)
         # A slave never leads from a half-received state, and the master never stopped leading.
         assert _active([master, slave]) == [master]
         for node in (master, slave):
@@ -285,17 +263,6 @@ def test_a_slave_killed_or_paused_during_a_full_transfer_ends_whole(tmp_path: Pa
                 assert bad not in node.output, node.output[-3000:]
     finally:
         stop_all(nodes)
-
-
-def _messages(node: NodeProcess) -> float:
-    try:
-        with urllib.request.urlopen(node.url + "/metrics", timeout=5.0) as resp:
-            for line in resp.read().decode().splitlines():
-                if line.startswith("kapok_messages_stored "):
-                    return float(line.split()[1])
-    except OSError:
-        pass
-    return -1.0
 
 
 # ---------------------------------------------------------------- repeated pauses of the master

@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -21,23 +19,13 @@ import pytest
 
 from kapok.launch import NodeProcess, cluster_sets, get_json, start_node, stop_all, wait_for
 from kapok.replication.trial import start_pair, state_of
+from kapok.testing.nodehttp import metric, publish
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(180)]
 
 AUTH = {"Authorization": "Bearer test"}
 TIMEOUT_S = 1.0
 DEADLINE_S = 30.0
-
-
-def _publish(url: str, *datas: str, key: str = "test") -> tuple[int, dict[str, Any]]:
-    body = json.dumps({"messages": [{"data": d} for d in datas]}).encode()
-    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-    request = urllib.request.Request(f"{url}/v1/topics/jobs/messages", data=body, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=10.0) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def _hello(**fields: Any) -> dict[str, Any]:
@@ -88,7 +76,7 @@ def test_a_forged_hello_with_a_high_epoch_changes_nothing(tmp_path: Path) -> Non
         answer = asyncio.run(_sync_session(master.url, _hello(token=token)))
         assert answer[0]["op"] == "refused" and answer[0]["why"] == "busy", answer
         # The master still leads at epoch 1 with its real slave, and sync writes go through.
-        status, body = _publish(master.url, "after")
+        status, body = publish(master.url, "after")
         assert status == 200, body
         health = get_json(master, "/health")
         assert health["active"] is True and health["epoch"] == 1
@@ -103,7 +91,7 @@ def test_a_stranger_with_a_higher_epoch_never_makes_an_unpaired_master_passive(t
     try:
         answer = asyncio.run(_sync_session(master.url, _hello(node="x", epoch=7, history=[[1, 0], [7, 0]])))
         assert answer[0]["op"] == "refused" and answer[0]["why"] == "newer_epoch", answer
-        assert _publish(master.url, "still here")[0] == 200
+        assert publish(master.url, "still here")[0] == 200
         health = get_json(master, "/health")
         assert health["active"] is True and health["epoch"] == 1
     finally:
@@ -122,9 +110,9 @@ def test_an_ack_beyond_what_was_sent_ends_the_session_and_confirms_nothing(tmp_p
         answer = asyncio.run(forge())
         assert answer[0]["op"] == "start", answer
         wait_for(lambda: state_of(master).get("link_up") is False, DEADLINE_S, 0.05)
-        assert _metric(master.url, "kapok_replication_bad_frames_total") >= 1
+        assert metric(master.url, "kapok_replication_bad_frames_total") >= 1
         # Sync mode, paired, and no slave: nothing is confirmed on the forged ack's word.
-        status, body = _publish(master.url, "unconfirmed")
+        status, body = publish(master.url, "unconfirmed")
         assert status == 503 and body["error"].startswith("replication_un"), body
         lag = state_of(master).get("lag")
         assert lag is None or lag["records"] >= 0
@@ -153,7 +141,7 @@ def test_a_slave_with_the_wrong_key_says_so_and_locks_nobody_out(tmp_path: Path)
         # Clients with the right key on the same address are served all along.
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline:
-            status, body = _publish(master.url, "right key")
+            status, body = publish(master.url, "right key")
             assert status == 200, body
             time.sleep(0.1)
         # A slave that never synced never takes over, even with its master dead.
@@ -182,7 +170,7 @@ def test_an_async_slave_that_never_reads_is_cut_off(tmp_path: Path) -> None:
                 payload = "x" * 2000
                 loop = asyncio.get_running_loop()
                 for _ in range(200):
-                    await loop.run_in_executor(None, _publish, master.url, *[payload] * 20)
+                    await loop.run_in_executor(None, publish, master.url, *[payload] * 20)
                     state = await loop.run_in_executor(None, state_of, master)
                     if state.get("link_up") is False:
                         return True
@@ -215,16 +203,8 @@ def test_a_wildcard_host_gives_out_the_advertised_url_and_a_restart_keeps_replic
         back = start_node(tmp_path / "s", *sets, f"server.port={port}")
         nodes.append(back)
         wait_for(lambda: state_of(master_url).get("link_up") is True, DEADLINE_S, 0.05)
-        status, body = _publish(master_url, "after the restart", key=key)
+        status, body = publish(master_url, "after the restart", key=key)
         assert status == 200, body
         assert _lines(back, "sync link to http://0.0.0.0") == 0
     finally:
         stop_all(nodes)
-
-
-def _metric(url: str, name: str) -> float:
-    with urllib.request.urlopen(url + "/metrics", timeout=5.0) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    return 0.0

@@ -32,8 +32,6 @@ import re
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,6 +43,7 @@ from kapok.replication.trial import state_of
 from kapok.storage.records import HEADER
 from kapok.storage.wal import list_segments
 from kapok.testing.history import History
+from kapok.testing.nodehttp import drain, metric, publish
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -130,18 +129,6 @@ def _free_port() -> int:
 # ---------------------------------------------------------------- clients
 
 
-def _publish(url: str, *datas: str) -> tuple[int, dict[str, Any]]:
-    body = json.dumps({"messages": [{"data": d} for d in datas]}).encode()
-    request = urllib.request.Request(f"{url}/v1/topics/jobs/messages", data=body, headers=AUTH)
-    try:
-        with urllib.request.urlopen(request, timeout=10.0) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-    except OSError:
-        return 0, {}
-
-
 def _record(history: History, status: int, body: dict[str, Any], ids: list[str]) -> str:
     """Note a publish's outcome; returns its error code ("" when confirmed)."""
     if status == 200:
@@ -158,42 +145,19 @@ def _fill(url: str, history: History, count: int = MESSAGES, start: int = 0, siz
     pad = "x" * size
     for first in range(start, start + count, BATCH):
         ids = [f"m{i}" for i in range(first, min(first + BATCH, start + count))]
-        status, body = _publish(url, *[f"{i}:{pad}" for i in ids])
+        status, body = publish(url, *[f"{i}:{pad}" for i in ids])
         assert _record(history, status, body, ids) == "", body
 
 
 def _drain(url: str, history: History) -> int:
     """Lease and ack every ready message of ``jobs``; returns how many."""
-    got = 0
-    for _ in range(1000):
-        request = urllib.request.Request(f"{url}/v1/topics/jobs/messages?max=500", headers=AUTH)
-        with urllib.request.urlopen(request, timeout=10.0) as resp:
-            batch = json.loads(resp.read())["messages"]
-        if not batch:
-            return got
-        history.delivered(*(m["data"].split(":", 1)[0] for m in batch))
-        got += len(batch)
-        ack = json.dumps({"codes": [m["code"] for m in batch]}).encode()
-        req = urllib.request.Request(f"{url}/v1/topics/jobs/ack", data=ack, headers=AUTH)
-        with urllib.request.urlopen(req, timeout=10.0):
-            pass
-    raise AssertionError("more messages than expected")
-
-
-def _metric(node: NodeProcess, name: str) -> float:
-    """One figure of the node's ``/metrics``; -1 when it does not answer."""
-    try:
-        with urllib.request.urlopen(node.url + "/metrics", timeout=5.0) as resp:
-            for line in resp.read().decode().splitlines():
-                if line.startswith(name + " "):
-                    return float(line.split()[1])
-    except OSError:
-        pass
-    return -1.0
+    got = drain(url)
+    history.delivered(*(m["data"].split(":", 1)[0] for m in got))
+    return len(got)
 
 
 def _stored(node: NodeProcess) -> float:
-    return _metric(node, "kapok_messages_stored")
+    return metric(node.url, "kapok_messages_stored", -1.0)
 
 
 def _active(node: NodeProcess) -> bool:
@@ -281,7 +245,7 @@ def test_a_damaged_slave_log_is_detected_cut_and_fetched_again(
         lines = [line for line in slave.output.splitlines() if segment.name in line]
         assert len(lines) == 1 and f"at offset {offset}" in lines[0], lines
         assert ("CRC mismatch" if damage == "flip" else "torn frame") in lines[0]
-        assert _metric(slave, "kapok_storage_recovery_corrupt_tails_total") == 1
+        assert metric(slave.url, "kapok_storage_recovery_corrupt_tails_total") == 1
         # Cut at the last good record: the file ends where the damaged frame began, and
         # nothing past it was served. After SIGTERM the shutdown snapshot held it all; after
         # SIGKILL the WAL was the only copy and about half of the messages are gone locally.
@@ -402,7 +366,7 @@ def test_a_full_disk_under_the_slave_stops_its_acks_and_heals_once_space_is_free
                 assert time.monotonic() < deadline, errors
                 ids = [f"m{i}" for i in range(n, n + 50)]
                 n += 50
-                status, body = _publish(trio.master.url, *[f"{i}:{pad}" for i in ids])
+                status, body = publish(trio.master.url, *[f"{i}:{pad}" for i in ids])
                 code = _record(history, status, body, ids)
                 if code:
                     errors[code] = errors.get(code, 0) + 1
@@ -412,7 +376,7 @@ def test_a_full_disk_under_the_slave_stops_its_acks_and_heals_once_space_is_free
             assert slave.alive()
             full = [line for line in slave.output.splitlines() if " ERROR " in line]
             assert len(full) == 1 and "disk full" in full[0], full
-            assert _metric(slave, "kapok_storage_wal_disk_full_total") == 1
+            assert metric(slave.url, "kapok_storage_wal_disk_full_total") == 1
             # It waits on the link it has: no reconnection loop, no resume after resume.
             assert slave.output.count("following master from LSN") == 1, slave.output[-3000:]
             assert trio.master.output.count("slave slave resumes") == 1, trio.master.output[-3000:]

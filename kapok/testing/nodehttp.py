@@ -1,0 +1,67 @@
+"""Small synchronous HTTP calls to a running node, for tests that drive real processes:
+publish to a topic, drain it, read one metric. Blocking (urllib), so a test thread or a
+plain test function can call them while the nodes run in other processes.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+__all__ = ["drain", "metric", "publish"]
+
+
+def _headers(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+
+
+def publish(
+    url: str, *datas: str, topic: str = "jobs", key: str = "test", timeout_s: float = 10.0
+) -> tuple[int, dict[str, Any]]:
+    """``POST /v1/topics/<topic>/messages``: the status and the JSON answer; ``(0, {})`` when
+    the node did not answer at all."""
+    body = json.dumps({"messages": [{"data": d} for d in datas]}).encode()
+    request = urllib.request.Request(f"{url}/v1/topics/{topic}/messages", data=body, headers=_headers(key))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+    except OSError:
+        return 0, {}
+
+
+def drain(
+    url: str, *, topic: str = "jobs", group: str = "default", key: str = "test"
+) -> list[dict[str, Any]]:
+    """Lease and ack every ready message of ``topic`` for ``group``; the messages, in order."""
+    out: list[dict[str, Any]] = []
+    for _ in range(10_000):
+        request = urllib.request.Request(
+            f"{url}/v1/topics/{topic}/messages?max=500&group={group}", headers=_headers(key)
+        )
+        with urllib.request.urlopen(request, timeout=10.0) as resp:
+            batch = json.loads(resp.read())["messages"]
+        if not batch:
+            return out
+        out += batch
+        ack = json.dumps({"group": group, "codes": [m["code"] for m in batch]}).encode()
+        acking = urllib.request.Request(f"{url}/v1/topics/{topic}/ack", data=ack, headers=_headers(key))
+        with urllib.request.urlopen(acking, timeout=10.0):
+            pass
+    raise AssertionError(f"{topic} on {url} never ran dry")
+
+
+def metric(url: str, name: str, default: float = 0.0) -> float:
+    """One unlabelled sample of ``GET /metrics``; ``default`` when it is absent or the node
+    does not answer."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=5.0) as resp:
+            for line in resp.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return default
