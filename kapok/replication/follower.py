@@ -134,7 +134,6 @@ class Follower:
         self.link_state = "connecting"  # up, down, or refused (why): for the console and the CLI
         self.in_sync = False  # holds every write its leader confirmed: only then may it take over
         self._catch_up_to: int | None = None  # the leader's log end when we connected (first ping)
-        self.handed_over = False
         self._closing = asyncio.Event()  # set by aclose: the loop ends, whatever a cancel became
         self._ack_wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -169,7 +168,7 @@ class Follower:
         failures = 0
         refused_why = ""
         async with aiohttp.ClientSession() as http:
-            while not (self.handed_over or self._closing.is_set()):
+            while not self._closing.is_set():
                 why = ""
                 try:
                     await self._session(http)
@@ -333,7 +332,6 @@ class Follower:
                 raise ReplicationError(f"hand-over at LSN {lsn}, but our log ends at {wal.next_lsn}")
             await wal.flush()
             await self.host.take_over(epoch)
-            self.handed_over = True
             with contextlib.suppress(ConnectionError):
                 await link.send_control("promoted", epoch=epoch)
             raise _HandedOver

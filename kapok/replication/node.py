@@ -78,9 +78,6 @@ class Service(Protocol):
     clock: Clock
 
     @property
-    def http_url(self) -> str: ...
-
-    @property
     def advertised_url(self) -> str: ...
 
     def now(self) -> float: ...

@@ -151,7 +151,7 @@ class Facts:
     members_total: int  # members in the view that have not left, itself included
     give_back: bool = False  # this node is the configured slave, leads, and its master asks back
     partner_caught_up: bool = False  # the follower's acked LSN is the log's end
-    in_sync: bool = False  # follower: it was acking its leader in the current epoch
+    in_sync: bool = False  # follower: it has acked its leader's log end as of connecting
     partner_alone: bool = False  # the partner announced it confirms writes alone
     alone: bool = False  # leader: it confirms writes alone now
     sync_mode: bool = True  # replication.mode is sync (only then does "alone" mean anything)
