@@ -21,6 +21,7 @@ import pytest
 
 from kapok.launch import cluster_sets, get_json, start_node, stop_all, wait_for
 from kapok.replication.trial import failover_trial, start_pair, state_of
+from kapok.testing.nodehttp import drain, metric, publish
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -34,42 +35,11 @@ def _health(url: str) -> dict[str, Any]:
     return health
 
 
-def _publish(url: str, *datas: str) -> tuple[int, dict[str, Any]]:
-    body = json.dumps({"messages": [{"data": d} for d in datas]}).encode()
-    request = urllib.request.Request(
-        f"{url}/v1/topics/jobs/messages", data=body, headers={**AUTH, "Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10.0) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
 def _registry(url: str) -> list[str]:
     """The masters KapokMQ's Go cluster producer would be given (``POST /Registry/GetNodes``)."""
     request = urllib.request.Request(url + "/Registry/GetNodes", data=b"", headers={"secretKey": "test"})
     with urllib.request.urlopen(request, timeout=5.0) as resp:
         return [f"http://{row['Addr']}:{row['Port']}" for row in json.loads(resp.read())]
-
-
-def _pull_all(url: str, group: str = "default") -> list[dict[str, Any]]:
-    """Lease and ack every ready message of ``jobs`` on one node."""
-    out: list[dict[str, Any]] = []
-    for _ in range(100):
-        request = urllib.request.Request(f"{url}/v1/topics/jobs/messages?max=500&group={group}", headers=AUTH)
-        with urllib.request.urlopen(request, timeout=10.0) as resp:
-            batch = json.loads(resp.read())["messages"]
-        if not batch:
-            return out
-        out += batch
-        ack = json.dumps({"group": group, "codes": [m["code"] for m in batch]}).encode()
-        req = urllib.request.Request(
-            f"{url}/v1/topics/jobs/ack", data=ack, headers={**AUTH, "Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(req, timeout=10.0):
-            pass
-    raise AssertionError("more messages than expected")
 
 
 def _active_in_view(url: str) -> list[str]:
@@ -136,7 +106,7 @@ def test_give_back_never_shows_two_active_nodes_and_loses_nothing(tmp_path: Path
     nodes = [master, slave]
     try:
         with _Watcher([master.url, slave.url]) as watcher:
-            assert _publish(master.url, "a1", "a2", "a3")[0] == 200
+            assert publish(master.url, "a1", "a2", "a3")[0] == 200
             assert _registry(master.url) == [master.url]  # KapokMQ clients never see a passive slave
             port, gossip = master.url.rsplit(":", 1)[1], master.gossip_addr
             master.kill()
@@ -145,8 +115,8 @@ def test_give_back_never_shows_two_active_nodes_and_loses_nothing(tmp_path: Path
             assert taken["epoch"] == 2 and taken["role"] == "master"
             assert _registry(slave.url) == [slave.url]
             # Acked on the slave while it leads; no write is confirmed without its partner (sync).
-            assert sorted(m["data"] for m in _pull_all(slave.url)) == ["a1", "a2", "a3"]
-            status, body = _publish(slave.url, "b1")
+            assert sorted(m["data"] for m in drain(slave.url)) == ["a1", "a2", "a3"]
+            status, body = publish(slave.url, "b1")
             assert status == 503 and body["error"] == "replication_unavailable"
             back = start_node(
                 master.workdir,
@@ -162,10 +132,10 @@ def test_give_back_never_shows_two_active_nodes_and_loses_nothing(tmp_path: Path
             wait_for(lambda: _health(back.url).get("active") is True, DEADLINE_S, 0.05)
             wait_for(lambda: _health(slave.url).get("role") == "slave", DEADLINE_S, 0.05)
             assert _health(back.url)["epoch"] == 3 and _health(slave.url)["epoch"] == 3
-            status, body = _publish(back.url, "c1")
+            status, body = publish(back.url, "c1")
             assert status == 200, body
             # Nothing acked on the slave comes back from the master; c1 does.
-            assert [m["data"] for m in _pull_all(back.url)] == ["c1"]
+            assert [m["data"] for m in drain(back.url)] == ["c1"]
         assert watcher.polls >= 10  # it did watch, through the whole scenario
         assert not watcher.both_active
         state = state_of(back)
@@ -188,7 +158,7 @@ def test_a_cut_link_with_gossip_fine_is_no_takeover(tmp_path: Path, fault_files:
             time.sleep(0.05)
         assert _health(slave.url)["epoch"] == 1 and _health(master.url)["active"] is True
         fault_files["master"].write_text("{}")
-        assert _publish(master.url, "after")[0] == 200
+        assert publish(master.url, "after")[0] == 200
         wait_for(lambda: state_of(master).get("lag", {}) == {"records": 0, "bytes": 0, "seconds": 0.0},
                  DEADLINE_S, 0.05)  # fmt: skip
     finally:
@@ -206,7 +176,7 @@ def test_an_isolated_master_is_fenced_the_slave_takes_over_and_the_heal_loses_no
             seeds=(witness.gossip_addr,), launchers=(_launcher(fault_files["master"]), ("-m", "kapok")),
         )  # fmt: skip
         nodes += [master, slave]
-        status, body = _publish(master.url, "before1", "before2")
+        status, body = publish(master.url, "before1", "before2")
         assert status == 200
         confirmed = set(body["codes"])
         fault_files["master"].write_text('{"isolate": true}')
@@ -214,11 +184,11 @@ def test_an_isolated_master_is_fenced_the_slave_takes_over_and_the_heal_loses_no
         assert _health(slave.url)["epoch"] == 2
         # The isolated master refuses writes: fenced, or (when its partner's /health reaches
         # it, which this fault does not cut) already following the higher epoch.
-        wait_for(lambda: _publish(master.url, "isolated")[1].get("error") in ("fenced", "not_active"),
+        wait_for(lambda: publish(master.url, "isolated")[1].get("error") in ("fenced", "not_active"),
                  DEADLINE_S, 0.1)  # fmt: skip
         # The new master sees the majority (itself and the witness): it confirms writes alone.
         wait_for(lambda: _health(slave.url).get("replication") == "alone", DEADLINE_S, 0.05)
-        status, body = _publish(slave.url, "during")
+        status, body = publish(slave.url, "during")
         assert status == 200, body
         confirmed |= set(body["codes"])
         fault_files["master"].write_text("{}")
@@ -226,7 +196,7 @@ def test_an_isolated_master_is_fenced_the_slave_takes_over_and_the_heal_loses_no
         wait_for(lambda: _health(master.url).get("epoch") == 3 and _health(master.url).get("active"),
                  DEADLINE_S, 0.1)  # fmt: skip
         wait_for(lambda: _health(slave.url).get("role") == "slave", DEADLINE_S, 0.05)
-        received = {m["code"] for m in _pull_all(master.url)}
+        received = {m["code"] for m in drain(master.url)}
         assert confirmed <= received
     finally:
         stop_all(nodes)
@@ -247,18 +217,18 @@ def test_a_slow_slave_never_slows_an_async_master_and_catches_up(
     nodes = [master, slave]
     try:
         fault_files["slave"].write_text('{"sync_delay_ms": 200}')
-        wait_for(lambda: _metric(slave.url, "kapok_replication_epoch") == 1, DEADLINE_S, 0.1)
+        wait_for(lambda: metric(slave.url, "kapok_replication_epoch") == 1, DEADLINE_S, 0.1)
         payload = "x" * 1000
         codes: list[str] = []
         for _ in range(30):  # 30 batches of 50 KB, each confirmed by the master alone
-            status, body = _publish(master.url, *[payload] * 50)
+            status, body = publish(master.url, *[payload] * 50)
             assert status == 200
             codes += body["codes"]
         state = state_of(master)
         assert state["backlog_bytes"] <= backlog_bytes + 50 * len(payload) + 4096
         behind = state["lag"]["records"] if state["lag"] else None
         assert behind is None or behind > 0  # behind, or cut off for being too slow
-        before = _metric(master.url, f"kapok_replication_{path}_total")
+        before = metric(master.url, f"kapok_replication_{path}_total")
         # Stopped while behind, back without the delay: it resumes, or gets a full transfer.
         port = slave.url.rsplit(":", 1)[1]
         slave.stop()
@@ -267,17 +237,8 @@ def test_a_slow_slave_never_slows_an_async_master_and_catches_up(
             f"server.port={port}", "replication.role=slave", f"replication.master={master.url}", *sets,
         )  # fmt: skip
         nodes.append(back)
-        wait_for(lambda: _metric(master.url, f"kapok_replication_{path}_total") > before, DEADLINE_S, 0.1)
+        wait_for(lambda: metric(master.url, f"kapok_replication_{path}_total") > before, DEADLINE_S, 0.1)
         wait_for(lambda: (state_of(master).get("lag") or {}).get("records") == 0, DEADLINE_S, 0.1)
-        assert _metric(back.url, "kapok_messages_stored") >= len(codes)
+        assert metric(back.url, "kapok_messages_stored") >= len(codes)
     finally:
         stop_all(nodes)
-
-
-def _metric(url: str, name: str) -> float:
-    with urllib.request.urlopen(url + "/metrics", timeout=5.0) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    return 0.0
-

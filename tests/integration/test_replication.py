@@ -7,46 +7,26 @@ confirmations and their time-out, refusals of a passive slave, the key check.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from tests.integration.conftest import Start
 
 from kapok.config import load_config
 from kapok.replication.protocol import Role
 from kapok.storage.disk import begin_transfer, install_transfer
 from kapok.storage.records import encode_end
 from kapok.testing import eventually
-from kapok.testing.inprocess import RunningApp, run_app
+from kapok.testing.inprocess import RunningApp
 
 SECRET = "test"
 AUTH = {"Authorization": f"Bearer {SECRET}"}
 T = 10.0
 
 pytestmark = pytest.mark.timeout(60)
-
-Start = Callable[..., Awaitable[RunningApp]]
-
-
-@pytest.fixture
-async def start(tmp_path: Path) -> AsyncIterator[Start]:
-    running: list[RunningApp] = []
-
-    async def start_node(name: str, *sets: str) -> RunningApp:
-        config = load_config(
-            None,
-            overrides=[f"server.name={name}", f"storage.dir={tmp_path / name}", "storage.fsync=never", *sets],
-            env={},
-        )
-        node = await run_app(config)
-        running.append(node)
-        return node
-
-    yield start_node
-    for node in reversed(running):
-        await node.stop()
 
 
 async def pair(start: Start, *sets: str) -> tuple[RunningApp, RunningApp]:

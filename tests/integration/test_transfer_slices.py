@@ -11,18 +11,15 @@ while the test changes the master, twice; then the two brokers are compared.
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.integration.conftest import Start
 
-from kapok.config import load_config
 from kapok.core.broker import Broker, Settle
 from kapok.core.model import Draft
 from kapok.replication import transfer
 from kapok.testing import eventually
-from kapok.testing.inprocess import RunningApp, run_app
 
 T = 10.0
 JOBS = 3000  # with 100-byte payloads, far more log than the master's 64 KiB backlog
@@ -31,29 +28,7 @@ PAUSES = (1, 15)  # the slices before which the test changes the master (100 rec
 
 pytestmark = pytest.mark.timeout(60)
 
-Start = Callable[..., Awaitable[RunningApp]]
-
-
-@pytest.fixture
-async def start(tmp_path: Path) -> AsyncIterator[Start]:
-    running: list[RunningApp] = []
-
-    async def start_node(name: str, *sets: str) -> RunningApp:
-        config = load_config(
-            None,
-            overrides=[
-                f"server.name={name}", f"storage.dir={tmp_path / name}", "storage.fsync=never",
-                "replication.mode=async", "replication.backlog_bytes=65536", *sets,
-            ],
-            env={},
-        )  # fmt: skip
-        node = await run_app(config)
-        running.append(node)
-        return node
-
-    yield start_node
-    for node in reversed(running):
-        await node.stop()
+SETS = ("replication.mode=async", "replication.backlog_bytes=65536")
 
 
 class Pauses:
@@ -107,7 +82,7 @@ async def test_a_snapshot_taken_in_slices_while_the_master_changes_ends_exact(
     monkeypatch.setattr(transfer, "SLICE_S", 10.0)  # slices end by count only: the walk's place is known
     pauses = Pauses()
     monkeypatch.setattr(transfer, "_snapshot_frame", pauses.encode)
-    master = await start("m")
+    master = await start("m", *SETS)
     service = master.service
     jobs: list[str] = []
     for first in range(0, JOBS, 500):
@@ -119,7 +94,7 @@ async def test_a_snapshot_taken_in_slices_while_the_master_changes_ends_exact(
             await durable  # one WAL batch each: the backlog lets go of the first ones
     late = service.publish([Draft("late", f"late {i}".encode()) for i in range(LATE)])[0]
 
-    slave = await start("s", "replication.role=slave", f"replication.master={master.url}")
+    slave = await start("s", "replication.role=slave", f"replication.master={master.url}", *SETS)
     leader = master.replication.leader
     assert leader is not None
 
