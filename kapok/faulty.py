@@ -31,7 +31,8 @@ from typing import Any
 from kapok.cli import main as kapok_main
 from kapok.cluster.messages import Send, SendStream
 from kapok.cluster.node import GossipNode
-from kapok.replication.link import Frame, SyncLink
+from kapok.replication.link import SyncLink
+from kapok.replication.session import Frame
 
 __all__ = ["main"]
 

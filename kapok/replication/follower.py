@@ -23,7 +23,9 @@ takes over before.
 
 A full disk (``kapok.storage.wal``): the WAL keeps trying to write the batch in hand and
 its ack waits; the follower reads nothing more until the WAL writes again, so its memory
-stays bounded and its leader, which still holds every record not acked, keeps them. A link
+stays bounded and its leader, which still holds every record not acked, keeps them. A full
+transfer that finds the disk full says so once and waits until space was freed before it
+asks again (``_wait_for_space``): never one transfer after another that cannot be written. A link
 with no frame for ``stall_s`` is closed (a stalled TCP connection looks open). A leader
 that refuses us (a wrong key, another slave, a pairing token it does not know) is an
 operator's problem: one ERROR line with the cause in words, and retries back off to
@@ -34,11 +36,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import logging
 import random
+import shutil
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 import aiohttp
 
@@ -46,18 +50,10 @@ from kapok.clock import loop_time, wait_set
 from kapok.config import ReplicationConfig
 from kapok.core.replay import Mirror
 from kapok.errors import KapokError, ReplicationError, SyncRefusedError
-from kapok.replication.link import SyncLink, refused
-from kapok.replication.protocol import (
-    RECORDS,
-    SNAPSHOT,
-    History,
-    decode_records,
-    get_int,
-    get_str,
-    history_from_json,
-)
+from kapok.replication.link import SyncLink
+from kapok.replication.protocol import SNAPSHOT, History
+from kapok.replication.session import Append, FollowerSession, HandOver, control, parse_start
 from kapok.replication.state import PairState
-from kapok.storage.records import decode_payload
 from kapok.storage.wal import WriteAheadLog
 
 __all__ = ["Follower", "Host"]
@@ -68,6 +64,8 @@ START_TIMEOUT_S = 30.0
 BACKOFF_S = (0.1, 2.0)  # reconnect delays: first, cap (exponential with full jitter)
 REFUSED_BACKOFF_S = 30.0  # the cap once the leader refused us: a person must act first
 PRUNE_EVERY_S = 1.0
+SPACE_POLL_S = 1.0  # a full disk: how often free space is looked at
+SPACE_MARGIN = 1 << 20  # ...and how much must have been freed before a transfer is tried again
 
 # Why a leader refused us, in words an operator acts on (``link_state`` shows the key).
 _REFUSALS = {
@@ -125,15 +123,12 @@ class Follower:
         self.heartbeat_s = heartbeat_s
         self.stall_s = stall_s
         self.link: SyncLink | None = None
+        self.session: FollowerSession | None = None  # the link's rules, from ``start`` on
         self.leader_name: str | None = None
         self.last_heard = loop_time()
-        self.lag: tuple[int, int, float] | None = None  # as the leader last reported it
-        self.durable = 0  # the end of what the WAL has made durable
-        self._acked = 0
         self.refusals = 0  # times the master refused us (paired with another slave...)
         self.link_state = "connecting"  # up, down, or refused (why): for the console and the CLI
         self.in_sync = False  # holds every write its leader confirmed: only then may it take over
-        self._catch_up_to: int | None = None  # the leader's log end when we connected (first ping)
         self._closing = asyncio.Event()  # set by aclose: the loop ends, whatever a cancel became
         self._ack_wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -158,6 +153,11 @@ class Follower:
     def link_up(self) -> bool:
         return self.link is not None and not self.link.closed
 
+    @property
+    def lag(self) -> tuple[int, int, float] | None:
+        """The lag as the leader last reported it (None without a link)."""
+        return self.session.lag if self.session is not None else None
+
     def silent_s(self) -> float:
         heard = self.link.last_heard if self.link is not None else self.last_heard
         return loop_time() - max(heard, self.last_heard)
@@ -170,6 +170,7 @@ class Follower:
         async with aiohttp.ClientSession() as http:
             while not self._closing.is_set():
                 why = ""
+                no_space: OSError | None = None
                 try:
                     await self._session(http)
                     failures = 0
@@ -183,15 +184,23 @@ class Follower:
                     why = exc.why if exc.why in _REFUSALS else ""
                     if not why:
                         log.warning("sync link to %s: %s", self.leader_url, exc.message)
-                except (OSError, aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        log.info("sync link to %s: %s", self.leader_url, exc or type(exc).__name__)
+                    no_space = exc
+                except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
                     log.info("sync link to %s: %s", self.leader_url, exc or type(exc).__name__)
                 except KapokError as exc:
                     log.warning("sync link to %s: %s", self.leader_url, exc.message)
                 finally:
+                    self.session = None
                     if self.link is not None:
                         self.last_heard = max(self.last_heard, self.link.last_heard)
                         await self.link.close()
                         self.link = None
+                if no_space is not None and no_space.errno == errno.ENOSPC:
+                    await self._wait_for_space(no_space)
+                    continue
                 if why == "behind":
                     self.in_sync = False
                 elif why:
@@ -206,6 +215,25 @@ class Follower:
                     cap = REFUSED_BACKOFF_S
                 delay = self._rng.uniform(cap / 2 if refused_why else 0, min(cap, first * 2**failures))
                 await wait_set(self._closing, delay)
+
+    async def _wait_for_space(self, error: OSError) -> None:
+        """A full transfer found the disk full. Fetching the whole state again at once
+        would fail the same way (and cost the master a transfer each time): wait until the
+        storage directory has gained ``SPACE_MARGIN`` bytes of free space, then dial."""
+        directory = self.host.wal.directory
+        baseline = shutil.disk_usage(directory).free  # the failed transfer's files are gone already
+        self.link_state = "waiting (disk full)"
+        self.in_sync = False
+        log.error(
+            "disk full: the state the master sent cannot be written in %s (%s); waiting for free space",
+            directory, error.strerror or error,
+        )  # fmt: skip
+        while not self._closing.is_set():
+            await wait_set(self._closing, SPACE_POLL_S)
+            free = shutil.disk_usage(directory).free
+            if free >= baseline + SPACE_MARGIN:
+                log.warning("space again in %s (%d MiB free): asking the master again", directory, free >> 20)
+                return
 
     async def _session(self, http: aiohttp.ClientSession) -> None:
         headers = {"Authorization": f"Bearer {self.host.secret}"}
@@ -230,32 +258,28 @@ class Follower:
             ask_back=self.host.ask_back(),
         )
         try:
-            start = await link.receive_control("start", START_TIMEOUT_S)
+            frame = await link.receive_control("start", START_TIMEOUT_S)
         except SyncRefusedError as exc:
             if exc.why == "newer_epoch":  # the other node was the stale one: it steps down
                 self.host.newer_than_leader()
             raise
-        epoch = get_int(start, "epoch")
-        history = history_from_json(start.get("history"))
-        self.leader_name = get_str(start, "leader")
-        token = get_str(start, "token")
-        lsn = get_int(start, "lsn")
-        if epoch < state.epoch:
-            raise ReplicationError(f"the master leads at epoch {epoch}, ours is {state.epoch}")
-        if start.get("mode") == "full":
+        start = parse_start(frame, epoch=state.epoch, log_end=self.host.wal.next_lsn)
+        self.leader_name = start.leader
+        if start.mode == "full":
             self.in_sync = False
-            await self.host.receive_transfer(lsn, get_int(start, "shared"), lambda: self._chunk(link))
-        elif lsn != self.host.wal.next_lsn:
-            raise ReplicationError(f"the master resumes at {lsn}, our log ends at {self.host.wal.next_lsn}")
-        self.host.adopt(self.leader_name, epoch, history, token)
-        self.durable = self.host.wal.next_lsn
-        self._acked = -1  # so the first ack says where we are
-        self._catch_up_to = None
+            await self.host.receive_transfer(start.lsn, start.shared, lambda: self._chunk(link))
+        self.host.adopt(start.leader, start.epoch, start.history, start.token)
+        session = self.session = FollowerSession(
+            log_end=self.host.wal.next_lsn,
+            now=loop_time(),
+            heartbeat_s=self.heartbeat_s,
+            stall_s=self.stall_s,
+        )
         self.link_state = "up"
-        log.info("following %s from LSN %d (epoch %d, %s)", self.leader_name, lsn, epoch, start.get("mode"))
-        sender = asyncio.get_running_loop().create_task(self._send(link))
+        log.info("following %s from LSN %d (epoch %d, %s)", start.leader, start.lsn, start.epoch, start.mode)
+        sender = asyncio.get_running_loop().create_task(self._send(link, session))
         try:
-            await self._receive(link)
+            await self._receive(link, session)
         finally:
             sender.cancel()
             with contextlib.suppress(asyncio.CancelledError, ConnectionError):
@@ -278,85 +302,53 @@ class Follower:
 
     # ------------------------------------------------------------ streaming
 
-    async def _receive(self, link: SyncLink) -> None:
-        wal = self.host.wal
-        mirror = self.host.mirror
+    async def _receive(self, link: SyncLink, session: FollowerSession) -> None:
+        wal, mirror = self.host.wal, self.host.mirror
         pruned = loop_time()
         while True:
             try:
-                frame = await link.receive(self.stall_s)
+                frame = await link.receive(max(session.silence_left(loop_time()), 0.0))
             except TimeoutError:
                 raise ConnectionResetError(
                     f"no frame from the master in {self.stall_s} s: a stalled link"
                 ) from None
             if frame is None:
                 return
-            if isinstance(frame, bytes):
-                if frame[:1] != RECORDS:
-                    raise ReplicationError("expected a records frame")
-                first, count, view = decode_records(frame)
-                if first != wal.next_lsn:
-                    raise ReplicationError(f"records from LSN {first}, but our log ends at {wal.next_lsn}")
-                payload = bytes(view)
-                records = decode_payload(payload)
-                if len(records) != count:
-                    raise ReplicationError(f"a batch said {count} records and held {len(records)}")
-                end = first + count
-                if wal.full:  # the disk is full: take nothing more until the WAL writes again
-                    await wal.wait_for_space()
-                wal.append_encoded(payload, count).add_done_callback(
-                    functools.partial(self._made_durable, end)
-                )
-                for record in records:
-                    mirror.apply(record)
-            else:
-                await self._control(link, frame)
+            for effect in session.receive(frame, loop_time()):
+                if isinstance(effect, Append):
+                    if wal.full:  # the disk is full: take nothing more until the WAL writes again
+                        await wal.wait_for_space()
+                    wal.append_encoded(effect.payload, effect.count).add_done_callback(
+                        functools.partial(self._made_durable, session, effect.end)
+                    )
+                    for record in effect.records:
+                        mirror.apply(record)
+                else:
+                    await self._hand_over(link, effect)
+            self._ack_wake.set()  # a first ping may have set the bar for in-sync
             now = loop_time()  # pings come every heartbeat: an idle mirror is pruned too
             if now - pruned >= PRUNE_EVERY_S or mirror.over_retention:
                 pruned = now
                 mirror.prune(self.host.now())
 
-    async def _control(self, link: SyncLink, frame: dict[str, Any]) -> None:
-        op = frame["op"]
-        if op == "ping":
-            lag = frame.get("lag")
-            if isinstance(lag, list) and len(lag) == 3:
-                self.lag = (int(lag[0]), int(lag[1]), float(lag[2]))
-            if self._catch_up_to is None:
-                self._catch_up_to = get_int(frame, "lsn")
-                self._ack_wake.set()
-        elif op == "handover":
-            lsn, epoch = get_int(frame, "lsn"), get_int(frame, "epoch")
-            wal = self.host.wal
-            if wal.next_lsn != lsn:
-                raise ReplicationError(f"hand-over at LSN {lsn}, but our log ends at {wal.next_lsn}")
-            await wal.flush()
-            await self.host.take_over(epoch)
-            with contextlib.suppress(ConnectionError):
-                await link.send_control("promoted", epoch=epoch)
-            raise _HandedOver
-        elif op == "refused":
-            raise refused(frame)
-        else:
-            raise ReplicationError(f"the master sent {op!r}")
+    async def _hand_over(self, link: SyncLink, handover: HandOver) -> None:
+        await self.host.wal.flush()
+        await self.host.take_over(handover.epoch)
+        with contextlib.suppress(ConnectionError):
+            await link.send(control("promoted", epoch=handover.epoch))
+        raise _HandedOver
 
-    def _made_durable(self, end: int, future: asyncio.Future[None]) -> None:
-        if not future.cancelled() and future.exception() is None and end > self.durable:
-            self.durable = end
+    def _made_durable(self, session: FollowerSession, end: int, future: asyncio.Future[None]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            session.made_durable(end)
             self._ack_wake.set()
 
-    async def _send(self, link: SyncLink) -> None:
+    async def _send(self, link: SyncLink, session: FollowerSession) -> None:
         """Acks as the WAL makes batches durable, and a ping every heartbeat."""
-        last_ping = 0.0
         while not link.closed:
-            if self.durable > self._acked:
-                self._acked = self.durable
-                await link.send_control("ack", lsn=self._acked)
-            if not self.in_sync and self._catch_up_to is not None and self._acked >= self._catch_up_to:
+            for frame in session.outgoing(loop_time(), epoch=self.host.state.epoch):
+                await link.send(frame)
+            if session.caught_up:
                 self.in_sync = True
-            now = loop_time()
-            if now - last_ping >= self.heartbeat_s:
-                last_ping = now
-                await link.send_control("ping", epoch=self.host.state.epoch, lsn=self.durable)
             self._ack_wake.clear()
             await wait_set(self._ack_wake, self.heartbeat_s)

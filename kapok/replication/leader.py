@@ -33,12 +33,16 @@ from kapok.core.replay import state_records
 from kapok.errors import ReplicationError, ReplicationUnavailableError, ReplicationUnconfirmedError
 from kapok.replication.backlog import Backlog
 from kapok.replication.link import SyncLink
-from kapok.replication.protocol import (
-    encode_records,
-    get_int,
-    get_str,
-    history_from_json,
-    shared_end,
+from kapok.replication.protocol import shared_end
+from kapok.replication.session import (
+    Acked,
+    Behind,
+    LeaderSession,
+    Paired,
+    Refusal,
+    admit,
+    control,
+    parse_hello,
 )
 from kapok.replication.state import PairState
 from kapok.replication.transfer import send_transfer
@@ -75,17 +79,14 @@ class Pair(Protocol):
     def newer_partner(self, epoch: int) -> None: ...
 
 
-class _Session:
-    def __init__(self, link: SyncLink, name: str, url: str, ask_back: bool, position: int) -> None:
+class _Conn:
+    """One follower's session as the driver holds it: the pure session, its link, and the
+    signals the node waits on."""
+
+    def __init__(self, link: SyncLink, session: LeaderSession) -> None:
         self.link = link
-        self.name = name
-        self.url = url
-        self.ask_back = ask_back  # a returning master that wants its role back (give-back)
-        self.position = position  # the next LSN to send
-        self.acked = -1  # the follower's durable end, once it says (a resume knows it already)
+        self.state = session
         self.promoted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self.handover: tuple[int, int] | None = None  # (LSN, epoch): sent once position reaches LSN
-        self.pairing: tuple[str, str, str] | None = None  # (name, URL, token): recorded at its first ack
         self.cut = asyncio.Event()  # set to end the session from outside (fell out of the backlog)
 
 
@@ -106,7 +107,7 @@ class Leader:
         self.alone = False  # sync mode: confirm writes without the follower (the node decides)
         self.bad_frames = 0  # sessions ended for a frame that broke the rules (a forged ack...)
         self.backlog = Backlog(cfg.backlog_bytes, pair.wal.next_lsn)
-        self.session: _Session | None = None
+        self.session: _Conn | None = None
         self.full_transfers = 0
         self.resumes = 0
         self.sync_timeouts = 0
@@ -125,7 +126,7 @@ class Leader:
         self.backlog.offer(first_lsn, count, payload, self.pair.now())
         self._wake.set()
         session = self.session
-        if session is not None and session.acked >= 0 and not self.backlog.holds(session.acked):
+        if session is not None and session.state.acked >= 0 and not self.backlog.holds(session.state.acked):
             session.cut.set()  # it cannot resume from there: cut off, it comes back for a full transfer
 
     @property
@@ -136,20 +137,20 @@ class Leader:
         """Seconds since the follower was last heard (since the link was lost, when it is)."""
         if self.session is None:
             return loop_time() - self.link_lost_at
-        return loop_time() - self.session.link.last_heard
+        return loop_time() - self.session.state.last_heard
 
     def lag(self) -> tuple[int, int, float] | None:
         """The follower's lag: records, bytes, seconds (None without a follower)."""
         session = self.session
         if session is None:
             return None
-        end, acked = self.pair.wal.next_lsn, max(session.acked, 0)
+        end, acked = self.pair.wal.next_lsn, max(session.state.acked, 0)
         logged = self.backlog.logged_at(acked)
         seconds = max(self.pair.now() - logged, 0.0) if logged is not None else 0.0
         return end - acked, self.backlog.bytes_after(acked), round(seconds, 3)
 
     def caught_up(self) -> bool:
-        return self.session is not None and self.session.acked == self.pair.wal.next_lsn
+        return self.session is not None and self.session.state.acked == self.pair.wal.next_lsn
 
     # ------------------------------------------------------------ sync mode
 
@@ -168,7 +169,7 @@ class Leader:
         if self.cfg.mode != "sync" or not self.pair.state.paired or self.alone:
             return local
         end = self.pair.wal.next_lsn
-        if self.session is not None and self.session.acked >= end:
+        if self.session is not None and self.session.state.acked >= end:
             return local
         loop = asyncio.get_running_loop()
         remote: asyncio.Future[None] = loop.create_future()
@@ -220,77 +221,66 @@ class Leader:
 
     async def serve(self, link: SyncLink) -> None:
         """Run one follower's session until the link ends (the ``/sync/v1`` handler)."""
-        hello = await link.receive_control("hello", HELLO_TIMEOUT_S)
-        name, url = get_str(hello, "node"), get_str(hello, "http_url")
-        epoch, end = get_int(hello, "epoch"), get_int(hello, "lsn")
-        history = history_from_json(hello.get("history"))
-        token = get_str(hello, "token", "")
-        state = self.pair.state
-        if state.partner not in (None, name):
-            await self._refuse(
-                link, "paired", f"{self.pair.name} is paired with {state.partner}; unpair it first"
-            )
+        hello = parse_hello(await link.receive_control("hello", HELLO_TIMEOUT_S))
+        state, old = self.pair.state, self.session
+        live = old is not None and old.state.silence_left(loop_time()) > 0
+        refusal = admit(hello, self.pair.name, state, live_session=live)
+        if refusal is not None:
+            await self._refuse(link, refusal)
+            if refusal.why == "newer_epoch":  # the other node says it led later: check, then step down
+                self.pair.newer_partner(hello.epoch)
             return
-        if state.token is not None and not secrets.compare_digest(token, state.token):
-            await self._refuse(
-                link, "stranger", f"{name} did not show this pair's token; unpair {self.pair.name} first"
-            )
-            return
-        if epoch > state.epoch:  # the other node says it led later: the node checks, then steps down
-            await self._refuse(
-                link, "newer_epoch", f"epoch {epoch} is newer than {self.pair.name}'s {state.epoch}"
-            )
-            self.pair.newer_partner(epoch)
-            return
-        old = self.session
         if old is not None:
-            if loop_time() - old.link.last_heard < self.stall_s:
-                await self._refuse(
-                    link, "busy", f"{name} is already connected; a live session is never replaced"
-                )
-                return
             old.cut.set()  # silent past the stall limit: that connection is dead
         # A first pairing is recorded once the follower acks, which it does only after it has
         # stored the token: a follower that dies before that was never half-paired.
-        pair_token = state.token or token or secrets.token_hex(16)
-        pairing = None if state.partner == name and state.token is not None else (name, url, pair_token)
+        token = state.token or hello.token or secrets.token_hex(16)
+        pairing = (
+            None
+            if state.partner == hello.node and state.token is not None
+            else Paired(hello.node, hello.http_url, token)
+        )
         await self.pair.wal.flush()  # every record logged so far is in the backlog now
-        leader_end = self.pair.wal.next_lsn
-        shared = shared_end(history, end, self.pair.state.history, leader_end)
+        leader_end, end = self.pair.wal.next_lsn, hello.lsn
+        shared = shared_end(hello.history, end, self.pair.state.history, leader_end)
         start_fields: dict[str, Any] = {
             "leader": self.pair.name,
             "http_url": self.pair.http_url,
             "epoch": self.pair.state.epoch,
             "history": [list(h) for h in self.pair.state.history],
-            "token": pair_token,
+            "token": token,
         }
         if shared == end and self.backlog.holds(end):
             self.resumes += 1
-            log.info("slave %s resumes from LSN %d (%d records behind)", name, end, leader_end - end)
-            await link.send_control("start", mode="resume", lsn=end, **start_fields)
+            log.info("slave %s resumes from LSN %d (%d records behind)", hello.node, end, leader_end - end)
+            await link.send(control("start", mode="resume", lsn=end, **start_fields))
             position = end
         else:
             self.full_transfers += 1
-            position = await self._full_transfer(link, name, end, shared, start_fields)
-        session = self.session = _Session(link, name, url, hello.get("ask_back") is True, position)
-        session.pairing = pairing
-        if position == end:
-            session.acked = end
+            position = await self._full_transfer(link, hello.node, end, shared, start_fields)
+        conn = self.session = _Conn(
+            link,
+            LeaderSession(
+                hello.node, hello.http_url, position=position, now=loop_time(), ask_back=hello.ask_back,
+                acked=end if position == end else -1, pairing=pairing,
+                heartbeat_s=self.heartbeat_s, stall_s=self.stall_s,
+            ),
+        )  # fmt: skip
         try:
-            await _first_done(self._send(session), self._receive(session), session.cut.wait())
+            await _first_done(self._send(conn), self._receive(conn), conn.cut.wait())
         finally:
-            if self.session is session:
+            if self.session is conn:
                 self.session = None
-                self.link_lost_at = session.link.last_heard  # silence counts from the last frame heard
-            if session.cut.is_set():
-                log.warning("cut off %s: it fell out of the backlog or stopped answering", name)
-            log.warning("the sync link to %s is down", name)
+                self.link_lost_at = conn.state.last_heard  # silence counts from the last frame heard
+            if conn.cut.is_set():
+                log.warning("cut off %s: it fell out of the backlog or stopped answering", hello.node)
+            log.warning("the sync link to %s is down", hello.node)
 
-    async def _refuse(self, link: SyncLink, why: str, reason: str) -> None:
-        log.warning("sync link refused: %s", reason)
+    async def _refuse(self, link: SyncLink, refusal: Refusal) -> None:
+        log.warning("sync link refused: %s", refusal.reason)
         with contextlib.suppress(ConnectionError):
-            await link.send_control("refused", why=why, reason=reason)
-        await link.close(reason)
+            await link.send(refusal.frame())
+        await link.close(refusal.reason)
 
     async def _full_transfer(
         self, link: SyncLink, name: str, end: int, shared: int, start_fields: dict[str, Any]
@@ -306,73 +296,51 @@ class Leader:
             end,
             shared,
         )
-        await link.send_control("start", mode="full", lsn=lsn, shared=shared, **start_fields)
+        await link.send(control("start", mode="full", lsn=lsn, shared=shared, **start_fields))
         # In slices, encoded off the loop: the master keeps serving (transfer.py says why).
         await send_transfer(link, state_records(self.pair.broker, self.pair.now()), lsn)
         return lsn
 
-    async def _send(self, session: _Session) -> None:
-        link = session.link
-        last_ping = 0.0
+    async def _send(self, conn: _Conn) -> None:
+        link, session = conn.link, conn.state
         while not link.closed:
             self._wake.clear()
             try:
-                batches = self.backlog.since(session.position)
-            except KeyError:
-                await self._refuse(
-                    link, "behind", "the slave fell out of the backlog; it needs a full transfer"
-                )
+                frames = session.outgoing(
+                    loop_time(), self.backlog, epoch=self.pair.state.epoch, log_end=self.pair.wal.next_lsn,
+                    lag=self.lag(),
+                )  # fmt: skip
+            except Behind:
+                refusal = Refusal("behind", "the slave fell out of the backlog; it needs a full transfer")
+                await self._refuse(link, refusal)
                 return
-            for batch in batches:
-                await link.send_binary(encode_records(batch.first_lsn, batch.count, batch.payload))
-                session.position = batch.end
-            if session.handover is not None and session.position >= session.handover[0]:
-                lsn, epoch = session.handover  # after every record before it, in order
-                session.handover = None
-                await link.send_control("handover", lsn=lsn, epoch=epoch)
-            now = loop_time()
-            if now - last_ping >= self.heartbeat_s:
-                last_ping = now
-                await link.send_control(
-                    "ping", epoch=self.pair.state.epoch, lsn=self.pair.wal.next_lsn, lag=self.lag()
-                )
-            if not batches:
+            for frame in frames:
+                await link.send(frame)
+            if not session.more_to_send(self.backlog):
                 await wait_set(self._wake, self.heartbeat_s)
 
-    async def _receive(self, session: _Session) -> None:
-        link = session.link
+    async def _receive(self, conn: _Conn) -> None:
+        link, session = conn.link, conn.state
         while True:
             try:
-                frame = await link.receive(self.stall_s)
+                frame = await link.receive(max(session.silence_left(loop_time()), 0.0))
             except TimeoutError:
                 log.warning("no frame from %s in %.1f s: a stalled link, closed", session.name, self.stall_s)
                 return
             if frame is None:
                 return
-            if isinstance(frame, bytes):
+            try:
+                effects = session.receive(frame, loop_time())
+            except ReplicationError:
                 self.bad_frames += 1
-                raise ReplicationError("a slave sent a binary frame")
-            op = frame["op"]
-            if op == "ack":
-                lsn = get_int(frame, "lsn")
-                if lsn > session.position:
-                    self.bad_frames += 1
-                    raise ReplicationError(
-                        f"{session.name} acked LSN {lsn}, but was sent only up to {session.position}"
-                    )
-                session.acked = max(session.acked, lsn)
-                if session.pairing is not None:
-                    self.pair.record_partner(*session.pairing)
-                    session.pairing = None
-                self._acked(session.acked)
-            elif op == "ping":
-                get_int(frame, "epoch")  # epochs are learned from gossip or /health, never from a ping
-            elif op == "promoted":
-                if not session.promoted.done():
-                    session.promoted.set_result(get_int(frame, "epoch"))
-            else:
-                self.bad_frames += 1
-                raise ReplicationError(f"a slave sent {op!r}")
+                raise
+            for effect in effects:
+                if isinstance(effect, Acked):
+                    self._acked(effect.lsn)
+                elif isinstance(effect, Paired):
+                    self.pair.record_partner(effect.name, effect.url, effect.token)
+                elif not conn.promoted.done():
+                    conn.promoted.set_result(effect.epoch)
 
     # ------------------------------------------------------------ hand-over
 
@@ -386,8 +354,8 @@ class Leader:
         await self.pair.wal.flush()
         end = self.pair.wal.next_lsn
         epoch = self.pair.state.epoch + 1
-        log.info("handing over to %s at LSN %d, epoch %d", session.name, end, epoch)
-        session.handover = (end, epoch)  # the sender sends it after the last record before it
+        log.info("handing over to %s at LSN %d, epoch %d", session.state.name, end, epoch)
+        session.state.hand_over(end, epoch)  # the sender sends it after the last record before it
         self._wake.set()
         try:
             confirmed = await asyncio.wait_for(asyncio.shield(session.promoted), timeout_s)

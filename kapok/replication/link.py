@@ -12,12 +12,11 @@ from typing import Any, Protocol
 from aiohttp import WSCloseCode, WSMessage, WSMsgType
 
 from kapok.clock import loop_time
-from kapok.errors import ReplicationError, SyncRefusedError
+from kapok.errors import ReplicationError
 from kapok.replication.protocol import decode_control, encode_control
+from kapok.replication.session import Frame, refused
 
-__all__ = ["Frame", "SyncLink", "refused"]
-
-Frame = dict[str, Any] | bytes  # a control frame, or a binary one
+__all__ = ["SyncLink"]
 
 
 class _WebSocket(Protocol):
@@ -45,6 +44,13 @@ class SyncLink:
     @property
     def closed(self) -> bool:
         return self.ws.closed
+
+    async def send(self, frame: Frame) -> None:
+        """A frame from a session (``kapok.replication.session``): control or binary."""
+        if isinstance(frame, bytes):
+            await self.send_binary(frame)
+        else:
+            await self.send_control(**frame)
 
     async def send_control(self, op: str, **fields: Any) -> None:
         data = encode_control(op, **fields)
@@ -89,8 +95,3 @@ class SyncLink:
     def _heard(self, size: int) -> None:
         self.last_heard = loop_time()
         self.bytes_in += size
-
-
-def refused(frame: dict[str, Any]) -> SyncRefusedError:
-    """The error a ``refused`` frame stands for."""
-    return SyncRefusedError(f"refused: {frame.get('reason')}", str(frame.get("why", "")))

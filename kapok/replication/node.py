@@ -303,7 +303,7 @@ class ReplicationNode:
             leader = self.leader
             session = leader.session if leader is not None else None
             if self.role is Role.LEADER and leader is not None and session is not None and leader.link_up:
-                await self._close_clients(f"handing over to {self.partner_url() or session.url}")
+                await self._close_clients(f"handing over to {self.partner_url() or session.state.url}")
                 if await self._catch_up(leader, self.cfg.failover_timeout_s):
                     await self._hand_over(stopping=True)
             self._stopped()
@@ -320,7 +320,7 @@ class ReplicationNode:
         deadline = clock.time() + timeout_s
         await self.wal.flush()
         if not leader.caught_up() and leader.session is not None:
-            name = leader.session.name
+            name = leader.session.state.name
             log.info("waiting up to %.1f s for %s to catch up before handing over", timeout_s, name)
         while not leader.caught_up():
             if leader.session is None or clock.time() >= deadline:
@@ -422,7 +422,7 @@ class ReplicationNode:
         leader = self.leader
         if leader is None or leader.session is None:
             return
-        url = self.partner_url() or leader.session.url
+        url = self.partner_url() or leader.session.state.url
         self._become(Event.HAND_OVER)
         self._following_url = url
         await self._close_clients(f"handing over to {url}")
@@ -535,7 +535,7 @@ class ReplicationNode:
                 and self.configured_role == "slave"
                 and leader is not None
                 and leader.session is not None
-                and leader.session.ask_back
+                and leader.session.state.ask_back
             ),
             partner_caught_up=leader is not None and leader.caught_up(),
             in_sync=follower is not None and follower.in_sync,

@@ -21,8 +21,9 @@ history (``shared_end``): anything it wrote past that point never reached the ne
 (in sync mode it was never confirmed; in async mode it is the loss), and is set aside.
 
 ``assess`` is the state table: given the facts a node sees (the link, the gossip view,
-the pair's epochs) it says what to do next. Drivers (``kapok.replication.link``,
-``kapok.replication.node``) carry its answers out and make no decisions of their own.
+the pair's epochs) it says what to do next; ``TRANSITIONS`` is the one table of role
+changes; ``kapok.replication.session`` holds the rules of one link's two ends. Drivers
+(``leader``, ``follower``, ``node``) carry their answers out and decide nothing.
 """
 
 from __future__ import annotations

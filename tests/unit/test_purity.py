@@ -20,11 +20,19 @@ PURE_FILES = sorted(
             PACKAGE / "cluster" / f"{name}.py"
             for name in ("broadcasts", "codec", "config", "membership", "messages", "suspicion", "swim")
         ),
+        *(PACKAGE / "replication" / f"{name}.py" for name in ("backlog", "protocol", "session")),
         PACKAGE / "errors.py",
         PACKAGE / "config.py",
     ]
 )
-PURE_MODULES = ["kapok.core", "kapok.server.codec", "kapok.errors", "kapok.config", "kapok.cluster.swim"]
+PURE_MODULES = [
+    "kapok.core",
+    "kapok.server.codec",
+    "kapok.errors",
+    "kapok.config",
+    "kapok.cluster.swim",
+    "kapok.replication.session",
+]
 BANNED = {"asyncio", "socket", "aiohttp", "time", "random", "threading", "selectors"}
 
 
