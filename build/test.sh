@@ -36,4 +36,13 @@ echo "== ruff check"
 echo "== mypy (strict, settings in pyproject.toml)"
 .venv/bin/mypy kapok
 echo "== pytest"
-.venv/bin/pytest "$@"
+if (($#)); then
+    exec .venv/bin/pytest "$@"
+fi
+# The unit tests (CPU only: no server, no process of their own) on both cores; then the
+# rest one at a time: integration, e2e, browser and Spark tests start servers and
+# processes, and a second worker would only add to the load they are timed under.
+status=0
+.venv/bin/pytest -n 2 tests/unit || status=$?
+.venv/bin/pytest --ignore=tests/unit || status=$?
+exit "$status"

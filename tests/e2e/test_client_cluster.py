@@ -34,8 +34,13 @@ N = 30_000
 
 
 def _all_alive(nodes: list[NodeProcess]) -> bool:
+    """Every node sees every other alive and active (a node joins gossip before it takes
+    its role, so "alive" alone can still show it passive)."""
     views = [nodes_view(n) for n in nodes]
-    return all(len(v) == len(nodes) and all(r["state"] == "alive" for r in v.values()) for v in views)
+    return all(
+        len(v) == len(nodes) and all(r["state"] == "alive" and r.get("active") is True for r in v.values())
+        for v in views
+    )
 
 
 @pytest.fixture(scope="module")
