@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from kapok.launch import NodeProcess, nodes_view, start_node, stop_all, wait_for
-from kapok.replication.trial import start_pair, state_of
+from kapok.testing.pair import start_pair, state_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -1,6 +1,6 @@
 """Master/slave failover on real ``kapok serve`` processes: kill -9, give-back, partitions.
 
-Timings are never asserted (the figures come from ``python -m kapok.replication.trial``);
+Timings are never asserted (the figures come from ``python -m kapok.bench.failover``);
 every test asserts on messages and on roles. Faults come from ``kapok.faulty``'s fault
 file, which the test rewrites while the nodes run.
 """
@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
+from kapok.bench.failover import failover_trial
 from kapok.launch import cluster_sets, get_json, start_node, stop_all, wait_for
-from kapok.replication.trial import failover_trial, start_pair, state_of
 from kapok.testing.nodehttp import drain, metric, publish
+from kapok.testing.pair import start_pair, state_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -4,7 +4,7 @@ Every scenario runs a master, its slave and a witness (the third member that let
 node of the pair go on), a producer that records every publish's outcome (Jepsen's ok /
 fail / info) and a consumer that drains the active node at the end, while
 ``HealthWatcher`` polls every node's ``/health`` every 50 ms. The nemesis is the trial's
-(``python -m kapok.replication.trial``: kill -9, SIGTERM, SIGSTOP, isolation), a TCP proxy
+(``python -m kapok.bench.failover``: kill -9, SIGTERM, SIGSTOP, isolation), a TCP proxy
 of the project's own on the sync link (``kapok.testing.faultproxy``: cut, delay, one-way,
 flap), kills and pauses during a full transfer, and damaged slave logs. Over every
 scenario: what was confirmed is delivered, never two nodes of the pair active at one poll,
@@ -29,11 +29,12 @@ from typing import Any
 
 import pytest
 
+from kapok.bench.failover import failover_trial
 from kapok.launch import NodeProcess, cluster_sets, get_json, start_node, stop_all, wait_for
-from kapok.replication.trial import failover_trial, state_of
 from kapok.testing.faultproxy import ThreadedFaultProxy
 from kapok.testing.history import HealthWatcher, History
 from kapok.testing.nodehttp import drain, metric, publish
+from kapok.testing.pair import state_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
 

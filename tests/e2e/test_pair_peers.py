@@ -18,8 +18,8 @@ import aiohttp
 import pytest
 
 from kapok.launch import NodeProcess, cluster_sets, get_json, start_node, stop_all, wait_for
-from kapok.replication.trial import start_pair, state_of
 from kapok.testing.nodehttp import metric, publish
+from kapok.testing.pair import start_pair, state_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(180)]
 

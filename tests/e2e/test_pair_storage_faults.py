@@ -40,11 +40,11 @@ from typing import Any
 import pytest
 
 from kapok.launch import NodeProcess, cluster_sets, get_json, start_node, stop_all, wait_for
-from kapok.replication.trial import state_of
 from kapok.storage.records import HEADER
 from kapok.storage.wal import list_segments
 from kapok.testing.history import History
 from kapok.testing.nodehttp import drain, metric, publish
+from kapok.testing.pair import state_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from kapok.launch import NodeProcess, cluster_sets, get_json, nodes_view, start_node, stop_all, wait_for
-from kapok.replication.trial import state_of
+from kapok.testing.pair import state_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(180)]
 

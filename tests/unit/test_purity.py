@@ -88,7 +88,7 @@ def test_the_broker_never_loads_spark(module: str) -> None:
     [
         ("kapok.server", ("kapok.node", "kapok.console", "kapok.cli", "kapok.bench")),
         ("kapok.console", ("kapok.node", "kapok.cli", "kapok.bench")),
-        ("kapok.replication", ("kapok.node", "kapok.server", "kapok.console")),
+        ("kapok.replication", ("kapok.node", "kapok.server", "kapok.console", "kapok.bench", "kapok.launch")),
     ],
 )
 def test_a_layer_loads_none_above_it(package: str, above: tuple[str, ...]) -> None:

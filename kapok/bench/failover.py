@@ -1,8 +1,8 @@
 """Failover trials on real ``kapok serve`` processes: a fault under load, and a count.
 
-    python -m kapok.replication.trial --runs 20 --mode sync --profile fast
-    python -m kapok.replication.trial --runs 10 --scenario term --witness
-    python -m kapok.replication.trial --runs 5 --mode async --profile lan --scenario kill
+    python -m kapok.bench.failover --runs 20 --mode sync --profile fast
+    python -m kapok.bench.failover --runs 10 --scenario term --witness
+    python -m kapok.bench.failover --runs 5 --mode async --profile lan --scenario kill
 
 Each run starts a master and its slave (gossip on, ``--profile`` timings; with
 ``--witness`` a third node, the witness that lets a lone node of the pair go on), a
@@ -42,7 +42,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -50,9 +49,10 @@ from typing import Any
 
 import aiohttp
 
-from kapok.launch import NodeProcess, cluster_sets, get_json, start_node, stop_all, wait_for
+from kapok.launch import NodeProcess, cluster_sets, start_node, stop_all
+from kapok.testing.pair import start_pair, state_of
 
-__all__ = ["Outcome", "failover_trial", "main", "start_pair", "state_of"]
+__all__ = ["Outcome", "failover_trial", "main"]
 
 SECRET = "test"
 AUTH = {"Authorization": f"Bearer {SECRET}"}
@@ -90,53 +90,6 @@ class Outcome:
     duplicates: int = 0
     lost: int = 0
     lag_records_before_kill: int | None = None
-
-
-def start_pair(
-    base: Path,
-    *,
-    mode: str,
-    profile: str,
-    failover_timeout_s: float,
-    sets: tuple[str, ...] = (),
-    seeds: tuple[str, ...] = (),
-    launchers: tuple[Sequence[str], Sequence[str]] = (("-m", "kapok"), ("-m", "kapok")),
-) -> tuple[NodeProcess, NodeProcess]:
-    """A master and its slave, gossiping (through ``seeds``, else the master), the slave
-    caught up. ``launchers`` start each (``kapok.faulty`` for fault injection)."""
-    common = (f"replication.mode={mode}", f"replication.failover_timeout_s={failover_timeout_s}", *sets)
-    master = start_node(
-        base / "master", *cluster_sets(profile, seeds), "server.name=master", *common, launcher=launchers[0]
-    )
-    try:
-        slave = start_node(
-            base / "slave",
-            *cluster_sets(profile, seeds or [master.gossip_addr]),
-            "server.name=slave",
-            "replication.role=slave",
-            f"replication.master={master.url}",
-            *common,
-            launcher=launchers[1],
-        )
-    except BaseException:
-        stop_all([master])
-        raise
-    try:
-        wait_for(
-            lambda: (s := state_of(master)).get("link_up") is True and bool(s.get("partner")),
-            DEADLINE_S,
-            0.05,
-        )
-    except BaseException:
-        stop_all([master, slave])
-        raise
-    return master, slave
-
-
-def state_of(node: NodeProcess | str) -> dict[str, Any]:
-    """``GET /replication/state`` of a node; {} when it does not answer."""
-    state: dict[str, Any] = get_json(node, "/replication/state") or {}
-    return state
 
 
 def _active_times(node: NodeProcess, since: float, until: float = math.inf) -> list[float]:
@@ -460,7 +413,7 @@ def summary(outcomes: list[Outcome]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    prog = "python -m kapok.replication.trial"
+    prog = "python -m kapok.bench.failover"
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--mode", choices=("sync", "async"), default="sync")
