@@ -184,11 +184,12 @@ class Follower:
                     why = exc.why if exc.why in _REFUSALS else ""
                     if not why:
                         log.warning("sync link to %s: %s", self.leader_url, exc.message)
-                except OSError as exc:
-                    if exc.errno != errno.ENOSPC:
+                except OSError as exc:  # ConnectionError and TimeoutError too
+                    if exc.errno == errno.ENOSPC:  # writing a full transfer found the disk full
+                        no_space = exc
+                    else:
                         log.info("sync link to %s: %s", self.leader_url, exc or type(exc).__name__)
-                    no_space = exc
-                except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
+                except aiohttp.ClientError as exc:
                     log.info("sync link to %s: %s", self.leader_url, exc or type(exc).__name__)
                 except KapokError as exc:
                     log.warning("sync link to %s: %s", self.leader_url, exc.message)
@@ -198,7 +199,7 @@ class Follower:
                         self.last_heard = max(self.last_heard, self.link.last_heard)
                         await self.link.close()
                         self.link = None
-                if no_space is not None and no_space.errno == errno.ENOSPC:
+                if no_space is not None:
                     await self._wait_for_space(no_space)
                     continue
                 if why == "behind":
