@@ -1,7 +1,7 @@
 """Start and stop real ``kapok serve`` processes: one node, or several as one gossip cluster.
 
 Shipped tooling uses it (``kapok bench``, ``kapok local-cluster``, the gossip measurements
-of ``kapok.cluster.realrun``), and so do the end-to-end tests. Each node gets its own
+of ``kapok.bench.gossip_real``), and so do the end-to-end tests. Each node gets its own
 working directory and port 0; ``start_node`` waits for the node's "listening on" line
 (with a deadline); callers stop what they started, by PID, never by name.
 

@@ -1,13 +1,13 @@
 """The reduced S-grid: scenarios S1–S8 of reference/swim-anchors.md §8 at N = 200 with the
 ``lan`` profile, each asserting its targets (the full N = 1,000 grid is
-``python -m kapok.cluster.sim``)."""
+``python -m kapok.bench.gossip_sim``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from kapok.cluster.scenarios import SCENARIOS, Params, Result
-from kapok.cluster.sim import format_table, main
+from kapok.bench.gossip_scenarios import SCENARIOS, Params, Result
+from kapok.bench.gossip_sim import format_table, main
 
 N = 200
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from kapok.cluster.config import FAST, LAN
 from kapok.cluster.messages import State
-from kapok.cluster.simnet import Network, SimNode, Simulator
+from kapok.testing.simnet import Network, SimNode, Simulator
 
 
 def views(sim: Simulator, about: str) -> dict[str, State | None]:
@@ -143,7 +143,7 @@ def test_trace_does_not_depend_on_the_interpreter_hash_seed() -> None:
     """Nothing iterates a set or dict in an order that string hashing could change."""
     code = (
         "from kapok.cluster.config import LAN\n"
-        "from kapok.cluster.simnet import Simulator, Network\n"
+        "from kapok.testing.simnet import Simulator, Network\n"
         "sim = Simulator(LAN, 1, Network(loss=0.05), trace=True)\n"
         "nodes = [sim.add_node() for _ in range(30)]\n"
         "sim.bootstrap(nodes)\n"

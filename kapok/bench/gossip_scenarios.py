@@ -20,8 +20,8 @@ from functools import partial
 
 from kapok.cluster.config import SwimConfig
 from kapok.cluster.messages import MemberChanged, State
-from kapok.cluster.simnet import Network, SimNode, Simulator
 from kapok.cluster.suspicion import push_pull_scale, suspicion_min_s
+from kapok.testing.simnet import Network, SimNode, Simulator
 
 __all__ = ["SCENARIOS", "Check", "Params", "Result"]
 

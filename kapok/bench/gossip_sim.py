@@ -1,7 +1,7 @@
 """Run the SWIM simulator scenarios and print measured figures against their targets.
 
-    python -m kapok.cluster.sim --nodes 1000 --seeds 5 --scenario all
-    python -m kapok.cluster.sim --nodes 200 --seeds 3 --scenario S1,S6 --profile lan
+    python -m kapok.bench.gossip_sim --nodes 1000 --seeds 5 --scenario all
+    python -m kapok.bench.gossip_sim --nodes 200 --seeds 3 --scenario S1,S6 --profile lan
 
 Scenarios (reference/swim-anchors.md §8 A): S1 crash detection, S2 join dissemination,
 S3 cluster formation, S4 false positives under loss, S5 slow nodes with and without
@@ -16,8 +16,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from kapok.bench.gossip_scenarios import SCENARIOS, Params, Result
 from kapok.cluster.config import PROFILES, SwimConfig
-from kapok.cluster.scenarios import SCENARIOS, Params, Result
 
 __all__ = ["format_table", "main", "run"]
 
@@ -48,7 +48,7 @@ def format_table(results: Sequence[Result]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kapok.cluster.sim", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m kapok.bench.gossip_sim", description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", type=int, default=1000, help="cluster size N (default 1000)")
     ap.add_argument("--seeds", type=int, default=5, help="seeded runs per scenario arm (default 5)")
     ap.add_argument("--first-seed", type=int, default=1)

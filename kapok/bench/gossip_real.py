@@ -1,7 +1,7 @@
 """The R-scenarios of reference/swim-anchors.md on real ``kapok serve`` processes.
 
-    python -m kapok.cluster.realrun --nodes 8 --runs 20 [--profile fast]
-    python -m kapok.cluster.realrun --scenario r4|r5 --seconds 120
+    python -m kapok.bench.gossip_real --nodes 8 --runs 20 [--profile fast]
+    python -m kapok.bench.gossip_real --scenario r4|r5 --seconds 120
 
 On one loopback cluster of ``--nodes`` processes, ``--runs`` times each:
 
@@ -199,7 +199,7 @@ def run_faults(nodes_count: int, profile: str, base: Path, *, loss: float, stall
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kapok.cluster.realrun",
+    parser = argparse.ArgumentParser(prog="python -m kapok.bench.gossip_real",
                                      description="R1-R5 on real processes")
     parser.add_argument("--scenario", default="r1-r3", choices=("r1-r3", "r4", "r5"))
     parser.add_argument("--nodes", type=int, default=8)
