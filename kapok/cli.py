@@ -24,6 +24,7 @@ from kapok.errors import ConfigError, KapokError
 if TYPE_CHECKING:
     from kapok.config import Config
     from kapok.config_kapokmq import Note
+    from kapok.node.seams import Seams
 
 __all__ = ["main"]
 
@@ -405,13 +406,19 @@ def _cmd_version(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from kapok.node.runner import serve
 
-    serve(_load(args))  # blocks until SIGINT or SIGTERM
+    config = _load(args)
+    if args.seams is None:
+        serve(config)  # blocks until SIGINT or SIGTERM
+    else:  # kapok.faulty: a node assembled with other parts
+        serve(config, seams=args.seams)
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+def main(argv: Sequence[str] | None = None, *, seams: Seams | None = None) -> int:
+    """Run the CLI with ``argv`` (default ``sys.argv[1:]``); return the exit code.
+    ``seams`` reach ``kapok serve``'s node (``kapok.faulty`` injects faults through them)."""
     parser = _build_parser()
+    parser.set_defaults(seams=seams)
     try:
         args = parser.parse_args(argv)
         func: Callable[[argparse.Namespace], int] = args.func

@@ -1,14 +1,17 @@
-"""The asyncio driver of the SWIM core: a UDP socket, a TCP listener, the protocol's timer.
+"""The asyncio driver of the SWIM core: a transport, the protocol's timer.
 
-``GossipNode`` owns the sockets and makes no protocol decisions: bytes that arrive go to
-``Swim.handle_packet`` (UDP) or ``Swim.handle_stream`` (TCP), ``Swim.tick`` runs when
-``Swim.next_deadline()`` passes, and the effects that come back are carried out —
-``Send`` as one datagram, ``SendStream`` as one short TCP connection carrying one
-length-prefixed blob, ``MemberChanged`` as a log line and a call to each listener.
+``GossipNode`` drives a ``Transport`` (``kapok.cluster.transport``: the real one is a UDP
+socket and a TCP listener; a test or a fault injector may wrap it) and makes no protocol
+decisions: bytes that arrive go to ``Swim.handle_packet`` (UDP) or ``Swim.handle_stream``
+(TCP), ``Swim.tick`` runs when ``Swim.next_deadline()`` passes, and the effects that come
+back are carried out — ``Send`` as one datagram, ``SendStream`` as one short TCP
+connection carrying one length-prefixed blob, ``MemberChanged`` as a log line and a call
+to each listener.
 
 UDP and TCP share one port number (as in memberlist): with ``cluster.bind`` port 0 the
-datagram socket picks a free port and the listener takes the same number (retried a few
-times if that TCP port is taken). The protocol clock is the event loop's monotonic time.
+datagram socket picks a free port and the listener takes the same number (the transport
+retries a few times if that TCP port is taken). The protocol clock is the event loop's
+monotonic time.
 
 Bad input never reaches further than a counter (and a bad HMAC a log line): the codec drops unauthenticated or
 malformed packets (``Swim.stats["drop_<reason>"]``), and a stream that is too long, too
@@ -44,6 +47,7 @@ from kapok.cluster.config import SwimConfig
 from kapok.cluster.droplog import DropLog
 from kapok.cluster.messages import Effect, MemberChanged, NodeMeta, NodeState, Send, SendStream, State
 from kapok.cluster.swim import Swim
+from kapok.cluster.transport import Transport, UdpTcpTransport, format_addr, split_addr
 from kapok.config import ClusterConfig
 from kapok.errors import ConfigError
 
@@ -61,25 +65,12 @@ log = logging.getLogger("kapok.cluster")
 
 _LENGTH = struct.Struct(">I")
 _MAX_STREAMS = 32  # concurrent outgoing (and, separately, incoming) state exchanges
-_BIND_ATTEMPTS = 20  # port 0: tries to find a number free for both UDP and TCP
 _ADDR_CACHE_MAX = 4096
 DROP_WARNING_INTERVAL_S = 60.0  # at most one bad-HMAC warning per sender this often
 SEED_SILENCE_S = 30.0  # a node with seeds warns when none has answered this long after start
 SEED_WARNING_REPEAT_S = 300.0  # and again this often while that lasts
 
 Listener = Callable[[MemberChanged], None]
-
-
-def split_addr(addr: str) -> tuple[str, int]:
-    """``"host:port"`` or ``"[v6]:port"`` -> ``(host, port)``; ValueError when malformed."""
-    host, sep, port = addr.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"expected host:port, got {addr!r}")
-    return host.strip("[]"), int(port)
-
-
-def format_addr(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def swim_config(cluster: ClusterConfig) -> SwimConfig:
@@ -97,26 +88,18 @@ def swim_config(cluster: ClusterConfig) -> SwimConfig:
         raise ConfigError(f"cluster.tuning: {exc}") from None
 
 
-class _Datagrams(asyncio.DatagramProtocol):
-    def __init__(self, node: GossipNode) -> None:
-        self.node = node
-
-    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
-        self.node._on_datagram(data, format_addr(str(addr[0]), int(addr[1])))
-
-    def error_received(self, exc: Exception) -> None:
-        # ICMP port unreachable and the like: the peer is gone, which probing finds out.
-        self.node.stats["udp_errors"] += 1
-
-
 class GossipNode:
-    """One node's membership: start it, read ``members()``, close it (a graceful leave)."""
+    """One node's membership: start it, read ``members()``, close it (a graceful leave).
+
+    ``transport`` defaults to the real network (``UdpTcpTransport``); one node, one transport.
+    """
 
     def __init__(
         self,
         config: ClusterConfig,
         meta: NodeMeta,
         *,
+        transport: Transport | None = None,
         rng: random.Random | None = None,
         seed_silence_s: float = SEED_SILENCE_S,
         drop_warning_interval_s: float = DROP_WARNING_INTERVAL_S,
@@ -131,8 +114,8 @@ class GossipNode:
         self.swim: Swim | None = None
         self._listeners: list[Listener] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._udp: asyncio.DatagramTransport | None = None
-        self._tcp: asyncio.Server | None = None
+        self.transport: Transport = transport if transport is not None else UdpTcpTransport()
+        self._open = False  # the transport is started and not yet closed
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._streams_out: set[asyncio.Task[None]] = set()
@@ -153,18 +136,10 @@ class GossipNode:
     async def start(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
         host, port = split_addr(self.config.bind)
-        for attempt in range(_BIND_ATTEMPTS):
-            udp, _ = await loop.create_datagram_endpoint(lambda: _Datagrams(self), local_addr=(host, port))
-            bound = int(udp.get_extra_info("sockname")[1])
-            try:
-                self._tcp = await asyncio.start_server(self._on_stream, host, bound, backlog=64)
-            except OSError:
-                udp.close()
-                if port != 0 or attempt == _BIND_ATTEMPTS - 1:
-                    raise
-                continue
-            self._udp = udp
-            break
+        bound = await self.transport.start(
+            host, port, on_datagram=self._on_datagram, on_stream=self._on_stream, on_error=self._on_udp_error
+        )
+        self._open = True
         self.addr = self.config.advertise or format_addr(host, bound)
         self.swim = Swim(
             self.meta.name, self.addr, self.meta, self.swim_config, self.rng, keyring=self.keyring
@@ -180,7 +155,7 @@ class GossipNode:
         """Leave gracefully (spread the notice for a bounded time), then close the sockets."""
         self._stop_seed_watch()
         swim, loop = self.swim, self._loop
-        if swim is not None and loop is not None and self._udp is not None:
+        if swim is not None and loop is not None and self._open:
             started, bound_s = loop.time(), 20 * self.swim_config.gossip_interval_s
             self._run(swim.leave(loop.time()))
             try:  # bounded: a leave is best effort
@@ -195,14 +170,9 @@ class GossipNode:
             task.cancel()
         if self._streams_out:
             await asyncio.gather(*self._streams_out, return_exceptions=True)
-        if self._udp is not None:
-            self._udp.close()
-            self._udp = None
-        if self._tcp is not None:
-            self._tcp.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._tcp.wait_closed(), 1.0)
-            self._tcp = None
+        if self._open:
+            self._open = False
+            await self.transport.aclose()
 
     # ------------------------------------------------------------ public view
 
@@ -231,6 +201,10 @@ class GossipNode:
             self._run(swim.handle_packet(data, from_addr, now))
             if swim.auth_drops != rejected:
                 self._bad_hmac(from_addr, now)
+
+    def _on_udp_error(self, exc: OSError) -> None:
+        # ICMP port unreachable and the like: the peer is gone, which probing finds out.
+        self.stats["udp_errors"] += 1
 
     async def _on_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._streams_in >= _MAX_STREAMS:
@@ -310,7 +284,7 @@ class GossipNode:
 
     def _schedule(self) -> None:
         loop, swim = self._loop, self.swim
-        if loop is None or swim is None or self._udp is None:
+        if loop is None or swim is None or not self._open:
             return
         at = swim.next_deadline()
         if at == self._timer_at:
@@ -337,15 +311,15 @@ class GossipNode:
 
     def _send(self, effect: Send) -> None:
         target = self._resolve(effect.addr)
-        if target is None or self._udp is None:
+        if target is None or not self._open:
             return
         try:
-            self._udp.sendto(effect.data, target)
+            self.transport.sendto(effect.data, target)
         except OSError:
             self.stats["udp_errors"] += 1
 
     def _start_stream(self, effect: SendStream) -> None:
-        if len(self._streams_out) >= _MAX_STREAMS or self._udp is None:
+        if len(self._streams_out) >= _MAX_STREAMS or not self._open:
             self.stats["streams_dropped"] += 1
             return
         task = asyncio.get_running_loop().create_task(self._stream(effect))
@@ -358,7 +332,7 @@ class GossipNode:
             return
         try:
             async with asyncio.timeout(self._stream_timeout_s):
-                _, writer = await asyncio.open_connection(*target)
+                _, writer = await self.transport.open_stream(target)
                 try:
                     writer.write(_LENGTH.pack(len(effect.data)) + effect.data)
                     await writer.drain()

@@ -1,10 +1,12 @@
-"""``make_app(config)``: the one place where a node's HTTP application is assembled."""
+"""``make_app(config)``: the one place where a node's HTTP application is assembled (and
+so where ``Seams`` put other parts in than the real ones)."""
 
 from __future__ import annotations
 
 import functools
 import logging
 from collections.abc import AsyncIterator
+from typing import Final
 
 from aiohttp import WSCloseCode, web
 
@@ -13,6 +15,8 @@ from kapok.cluster.messages import NodeMeta
 from kapok.cluster.node import GossipNode
 from kapok.config import Config
 from kapok.console import setup_console
+from kapok.node.seams import Seams
+from kapok.replication.link import SyncLink
 from kapok.replication.node import ReplicationNode
 from kapok.server import cluster_view, compat, compat_console, openapi, ops, sync, v1_http, v1_ws
 from kapok.server.guard import GUARD, ConnectionGuard, expect_handler, guard_ctx, guard_middleware
@@ -74,7 +78,20 @@ def _add_routes(app: web.Application, table: web.RouteTableDef) -> None:
             route.register(app.router)
 
 
-def make_app(config: Config, *, store: Store | None = None, clock: Clock | None = None) -> web.Application:
+SEAMS: Final = web.AppKey("seams", Seams)
+
+
+async def _gossip_started_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Runs ``Seams.on_gossip_started`` right after ``cluster_view.gossip_ctx`` started gossip."""
+    on_started = app[SEAMS].on_gossip_started
+    if on_started is not None:
+        on_started()
+    yield
+
+
+def make_app(
+    config: Config, *, store: Store | None = None, clock: Clock | None = None, seams: Seams | None = None
+) -> web.Application:
     max_body = frame_limit(config.mq.max_message_bytes, config.server.max_batch)
     app = web.Application(
         middlewares=[guard_middleware, error_middleware, auth_middleware], client_max_size=max_body
@@ -86,6 +103,7 @@ def make_app(config: Config, *, store: Store | None = None, clock: Clock | None 
     app[SERVICE] = service
     app[CONNECTIONS] = OpenSockets()
     app[REGISTRY] = make_registry(service)
+    seams = app[SEAMS] = seams or Seams()
     # Connection limits and time-outs; a site that accepts through it (kapok.node.runner)
     # makes them real, the in-process test server goes without.
     guard = app[GUARD] = ConnectionGuard(config)
@@ -94,13 +112,17 @@ def make_app(config: Config, *, store: Store | None = None, clock: Clock | None 
     app.cleanup_ctx.append(_service_ctx)
     gossip = None
     if config.cluster.enabled:
-        gossip = app[GOSSIP] = GossipNode(config.cluster, NodeMeta(service.node_name))
+        transport = seams.gossip_transport() if seams.gossip_transport is not None else None
+        gossip = app[GOSSIP] = GossipNode(config.cluster, NodeMeta(service.node_name), transport=transport)
         app.cleanup_ctx.append(cluster_view.gossip_ctx)  # after the service: joins once recovered
+        if seams.on_gossip_started is not None:
+            app.cleanup_ctx.append(_gossip_started_ctx)
     app[REPLICATION] = ReplicationNode(
         service,
         gossip=gossip,
         close_clients=functools.partial(_close_connections, app),
         on_change=functools.partial(cluster_view.announce, app),
+        link_factory=seams.sync_link or SyncLink,
     )
     app.cleanup_ctx.append(sync.replication_ctx)  # after gossip: the first role may depend on it
     app.on_shutdown.append(_close_connections)

@@ -19,6 +19,7 @@ from aiohttp import web
 from kapok.config import Config, is_loopback
 from kapok.logs import set_node
 from kapok.node.app import make_app, wind_down
+from kapok.node.seams import Seams
 from kapok.server.guard import GUARD, GuardedSite, tls_context
 from kapok.server.keys import SERVICE
 
@@ -41,11 +42,12 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-def serve(config: Config) -> None:
-    """Blocking entry point of ``kapok serve``."""
+def serve(config: Config, *, seams: Seams | None = None) -> None:
+    """Blocking entry point of ``kapok serve`` (``seams``: parts other than the real ones,
+    for the fault injector ``kapok.faulty``; None for a normal node)."""
     _fix_mmap_threshold()
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(_serve(config))
+        runner.run(_serve(config, seams))
 
 
 def _fix_mmap_threshold() -> None:
@@ -85,7 +87,7 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def _serve(config: Config) -> None:
+async def _serve(config: Config, seams: Seams | None = None) -> None:
     sock = _bind(config.server.host, config.server.port)
     if config.server.port == 0:
         config = dataclasses.replace(
@@ -93,7 +95,7 @@ async def _serve(config: Config) -> None:
         )
     set_node(config.server.node_name)  # the real port is known: every later line names the node
     _warn_plain_traffic(config)
-    app = make_app(config)
+    app = make_app(config, seams=seams)
     ssl_context = tls_context(config)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
     try:

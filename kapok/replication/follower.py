@@ -50,7 +50,7 @@ from kapok.clock import loop_time, wait_set
 from kapok.config import ReplicationConfig
 from kapok.core.replay import Mirror
 from kapok.errors import KapokError, ReplicationError, SyncRefusedError
-from kapok.replication.link import SyncLink
+from kapok.replication.link import LinkFactory, SyncLink
 from kapok.replication.protocol import SNAPSHOT, History
 from kapok.replication.session import Append, FollowerSession, HandOver, control, parse_start
 from kapok.replication.state import PairState
@@ -88,6 +88,7 @@ class Host(Protocol):
     state: PairState
     configured_role: str
     secret: str
+    link_factory: LinkFactory  # makes this end's link over the WebSocket
 
     @property
     def http_url(self) -> str: ...
@@ -245,7 +246,7 @@ class Follower:
             max_msg_size=0,
             timeout=aiohttp.ClientWSTimeout(ws_close=5.0),
         )
-        link = self.link = SyncLink(ws)
+        link = self.link = self.host.link_factory(ws)
         state, wal = self.host.state, self.host.wal
         await link.send_control(
             "hello",

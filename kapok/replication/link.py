@@ -1,13 +1,16 @@
 """One end of the sync WebSocket: JSON control frames as text, records and snapshot
 chunks as binary, and when the other end was last heard from.
 
-Both drivers talk through this class only, which makes it the one place where the fault
-wrapper (``kapok.faulty``) can cut or slow the link in the partition tests.
+Both drivers talk through this class only, and both ends create theirs through the
+node's ``link_factory`` (``ReplicationNode``: ``SyncLink`` itself unless the node is
+assembled with another): the one place where a subclass (``kapok.testing.faults``) can
+cut or slow the link in the partition tests.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeAlias
 
 from aiohttp import WSCloseCode, WSMessage, WSMsgType
 
@@ -16,10 +19,10 @@ from kapok.errors import ReplicationError
 from kapok.replication.protocol import decode_control, encode_control
 from kapok.replication.session import Frame, refused
 
-__all__ = ["SyncLink"]
+__all__ = ["LinkFactory", "SyncLink", "WebSocket"]
 
 
-class _WebSocket(Protocol):
+class WebSocket(Protocol):
     """What aiohttp's server and client WebSockets both offer."""
 
     @property
@@ -35,7 +38,7 @@ class _WebSocket(Protocol):
 
 
 class SyncLink:
-    def __init__(self, ws: _WebSocket) -> None:
+    def __init__(self, ws: WebSocket) -> None:
         self.ws = ws
         self.last_heard = loop_time()
         self.bytes_in = 0
@@ -95,3 +98,7 @@ class SyncLink:
     def _heard(self, size: int) -> None:
         self.last_heard = loop_time()
         self.bytes_in += size
+
+
+LinkFactory: TypeAlias = Callable[[WebSocket], SyncLink]
+"""Makes the link over an open WebSocket, at both ends: ``SyncLink`` or a subclass."""

@@ -43,6 +43,7 @@ from kapok.core.replay import Mirror
 from kapok.errors import FencedError, NotActiveError, ReplicationError
 from kapok.replication.follower import Follower
 from kapok.replication.leader import Leader
+from kapok.replication.link import LinkFactory, SyncLink
 from kapok.replication.partner import Partner, epoch_active, probe_health
 from kapok.replication.protocol import (
     Action,
@@ -95,6 +96,7 @@ class ReplicationNode:
         gossip: GossipNode | None,
         close_clients: Callable[[str], Awaitable[None]],
         on_change: Callable[[], None] = lambda: None,
+        link_factory: LinkFactory = SyncLink,
     ) -> None:
         cfg = service.config
         self.service = service
@@ -103,6 +105,9 @@ class ReplicationNode:
         self.name = service.node_name
         self.configured_role = cfg.replication.role
         self.secret = cfg.mq.secret_key
+        # Both ends of the sync link make theirs with it: the follower (``Host``) and the
+        # ``/sync/v1`` route; a fault injector gives a subclass (``kapok.testing.faults``).
+        self.link_factory = link_factory
         self.directory = Path(cfg.storage.dir)
         self.state = PairState.load(self.directory, leading=self.configured_role == "master")
         self.role = Role.STARTING

@@ -18,7 +18,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kapok.errors import KapokError, NotActiveError
-from kapok.replication.link import SyncLink
 from kapok.replication.node import ReplicationNode
 from kapok.replication.protocol import Role
 from kapok.server.keys import REGISTRY, REPLICATION
@@ -42,7 +41,7 @@ async def sync_link(request: web.Request) -> web.StreamResponse:
     ws = web.WebSocketResponse(heartbeat=None, max_msg_size=MAX_SLAVE_FRAME, compress=False)
     await ws.prepare(request)
     try:
-        await leader.serve(SyncLink(ws))
+        await leader.serve(node.link_factory(ws))
     except KapokError as exc:
         log.warning("sync link from %s: %s", request.remote, exc.message)
     except (ConnectionError, TimeoutError) as exc:
