@@ -406,11 +406,7 @@ def _cmd_version(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from kapok.node.runner import serve
 
-    config = _load(args)
-    if args.seams is None:
-        serve(config)  # blocks until SIGINT or SIGTERM
-    else:  # kapok.faulty: a node assembled with other parts
-        serve(config, seams=args.seams)
+    serve(_load(args), seams=args.seams)  # blocks until SIGINT or SIGTERM
     return 0
 
 

@@ -84,7 +84,7 @@ def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Config]:
     """Replace kapok.node.runner with a fake whose ``serve`` records its config."""
     calls: list[Config] = []
     fake = types.ModuleType("kapok.node.runner")
-    fake.serve = calls.append  # type: ignore[attr-defined]
+    fake.serve = lambda config, seams=None: calls.append(config)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "kapok.node.runner", fake)
     monkeypatch.chdir(tmp_path)
     # `serve` sets up logging for the process: give it back as it was after the test.
@@ -124,7 +124,7 @@ def test_serve_config_file_then_env_then_set(
 def test_serve_error_from_runner_is_one_line_exit_1(
     served: list[Config], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def port_in_use(config: Config) -> None:
+    def port_in_use(config: Config, seams: object = None) -> None:
         raise OSError(98, "address already in use")
 
     monkeypatch.setattr(sys.modules["kapok.node.runner"], "serve", port_in_use)
@@ -136,7 +136,7 @@ def test_serve_error_from_runner_is_one_line_exit_1(
 def test_serve_broker_error_is_exit_1(
     served: list[Config], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def broken(config: Config) -> None:
+    def broken(config: Config, seams: object = None) -> None:
         raise BrokerError("storage directory is locked\nby another node")
 
     monkeypatch.setattr(sys.modules["kapok.node.runner"], "serve", broken)
