@@ -5,11 +5,18 @@ of ``kapok.bench.gossip_real``), and so do the end-to-end tests. Each node gets 
 working directory and port 0; ``start_node`` waits for the node's "listening on" line
 (with a deadline); callers stop what they started, by PID, never by name.
 
+Every node runs in a process group of its own (a new session), with what it starts in turn
+(its archiver, ``python -m kapok.storage.archiver``): ``kill`` and the last resort of ``stop``
+signal the whole group, so no child outlives its node as an orphan. The groups started and not
+yet seen empty are kept in a registry (``live_groups``); ``reap_groups`` kills what is left of
+them, which is how a test session makes sure a failed or timed-out test leaves nothing running
+(``kapok.testing.leakcheck``). Being in a session of its own, a node also gets no Ctrl-C from
+a terminal: ``kapok local-cluster`` stops its nodes itself.
+
 ``start_cluster`` starts the first node, then the others at once (each in its own thread,
 so start-up costs one node's time, not n), all joining through the first node's gossip
 address.
 """
-
 
 from __future__ import annotations
 
@@ -23,16 +30,23 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 __all__ = [
     "NodeProcess",
     "cluster_sets",
     "get_json",
+    "group_members",
+    "kill_group",
+    "live_groups",
     "nodes_view",
+    "reap_groups",
+    "spawn_group",
     "start_cluster",
     "start_node",
     "stop_all",
@@ -41,6 +55,84 @@ __all__ = [
 
 _LISTENING = re.compile(r"listening on (https?://\S+)")
 _GOSSIP = re.compile(r"gossip on (\S+)")
+
+# Process groups started by spawn_group and not yet seen empty: group id → command line.
+_groups: dict[int, str] = {}
+_groups_lock = threading.Lock()
+GROUP_EXIT_S = 5.0  # how long a killed group's members may take to be gone
+
+
+def spawn_group(
+    args: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """Start ``args`` as the leader of a new session (so of a process group whose id is its
+    PID), output (stdout and stderr) on a text pipe, and register the group: whatever it
+    starts stays in the group, and the registry lets ``reap_groups`` find it after a caller
+    forgot it or was interrupted before it could stop it."""
+    with _groups_lock:  # no reap_groups between the start and the registration
+        proc = subprocess.Popen(
+            list(args),
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        _groups[proc.pid] = subprocess.list2cmdline(args)
+    return proc
+
+
+def group_members(pgid: int) -> list[int]:
+    """PIDs of the live (not zombie) processes in group ``pgid``. Zombies are left out: an
+    orphan is reaped by whoever PID 1 is, and in some containers that is never."""
+    members: list[int] = []
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.pid) == pgid:
+                members.append(proc.pid)
+        except (OSError, psutil.Error):  # gone meanwhile
+            continue
+    return members
+
+
+def kill_group(pgid: int, timeout_s: float = GROUP_EXIT_S) -> bool:
+    """SIGKILL every process of group ``pgid`` and wait (up to ``timeout_s``) until none is
+    left; then the group leaves the registry. True when the group is empty."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        if not group_members(pgid):
+            with _groups_lock:
+                _groups.pop(pgid, None)
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+
+
+def live_groups() -> dict[int, str]:
+    """The registered groups that still have a live process: group id → command line."""
+    with _groups_lock:
+        registered = dict(_groups)
+    return {pgid: cmd for pgid, cmd in registered.items() if group_members(pgid)}
+
+
+def reap_groups(pgids: Collection[int] | None = None) -> dict[int, str]:
+    """Kill what is left of the registered groups (or of those of ``pgids``) and empty the
+    registry of them; returns the groups that still had a live process (group id → command
+    line): for a caller that meant to stop everything it started, each one is a leak."""
+    with _groups_lock:
+        chosen = [pgid for pgid in _groups if pgids is None or pgid in pgids]
+    left = {pgid: cmd for pgid, cmd in live_groups().items() if pgid in chosen}
+    for pgid in left:
+        kill_group(pgid)
+    with _groups_lock:
+        for pgid in chosen:
+            _groups.pop(pgid, None)
+    return left
 
 
 class NodeProcess:
@@ -79,22 +171,26 @@ class NodeProcess:
         return self.proc.poll() is None
 
     def stop(self, timeout_s: float = 10.0) -> int:
-        """SIGTERM, then SIGKILL if it does not exit in ``timeout_s``; returns the exit code."""
+        """SIGTERM to the node, then SIGKILL to its whole group if it does not exit in
+        ``timeout_s``; returns the node's exit code. SIGTERM goes to the node alone: a clean
+        stop lets the node wind its archiver down itself. What is left of the group once the
+        node is gone (it exited without stopping a child) is killed, not left as an orphan."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                kill_group(self.pid)
                 self.proc.wait(timeout_s)
+        kill_group(self.pid)
         self._reader.join(timeout_s)
         return self.proc.returncode
 
     def kill(self) -> None:
-        """SIGKILL: a crash, as far as the node can tell."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10.0)
+        """SIGKILL to the node and its children: a crash, as far as the node can tell (the
+        archiver dies with it rather than finishing on its own)."""
+        kill_group(self.pid)
+        self.proc.wait(10.0)
         self._reader.join(10.0)
 
 
@@ -123,15 +219,7 @@ def start_node(
             child_env.pop(name, None)
         else:
             child_env[name] = value
-    proc = subprocess.Popen(
-        args,
-        cwd=workdir,
-        env=child_env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = spawn_group(args, cwd=workdir, env=child_env)
     lines: list[str] = []
     found = threading.Event()
     url: list[str] = []
@@ -151,8 +239,7 @@ def start_node(
     deadline = time.monotonic() + timeout_s
     while not found.wait(0.05):
         if proc.poll() is not None or time.monotonic() > deadline:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
+            kill_group(proc.pid)
             proc.wait(10.0)
             reader.join(10.0)
             raise RuntimeError(f"kapok serve did not start:\n{''.join(lines)[-2000:]}")

@@ -14,6 +14,10 @@ from kapok.node.app import make_app
 from kapok.testing import ManualClock
 from kapok.testing.inprocess import InProcessNode
 
+# The session's last step: kill every process group kapok.launch started that is still running
+# (a test that failed or timed out before stopping its nodes) and fail the run if there was any.
+from kapok.testing.leakcheck import pytest_sessionfinish, pytest_testnodedown  # noqa: F401
+
 SECRET = "test"
 
 NodeFactory = Callable[..., Awaitable["Node"]]

@@ -23,7 +23,7 @@ from kapok.cluster.messages import MemberChanged, State
 from kapok.cluster.suspicion import push_pull_scale, suspicion_min_s
 from kapok.testing.simnet import Network, SimNode, Simulator
 
-__all__ = ["SCENARIOS", "Check", "Params", "Result"]
+__all__ = ["SCENARIOS", "Check", "Params", "Result", "s8_determinism"]
 
 ALIVE, SUSPECT, DEAD = State.ALIVE, State.SUSPECT, State.DEAD
 
@@ -392,7 +392,10 @@ def s7(p: Params) -> Result:
     return r
 
 
-def s8(p: Params) -> Result:
+def s8_determinism(p: Params) -> Result:
+    """S8's half that holds on any machine: a seed fixes the whole run. The unit tests assert
+    this half only; how fast a run is depends on the machine and its load, so it is a figure
+    the benchmark reports against its target (``s8``), never a test's verdict."""
     r = Result("S8", "determinism and speed")
     small = Params(n=min(p.n, 100), seeds=1, config=p.config)
 
@@ -407,6 +410,11 @@ def s8(p: Params) -> Result:
     a, b, c = traced(p.first_seed), traced(p.first_seed), traced(p.first_seed + 1)
     r.add("same seed → same trace hash", "yes" if a == b else "NO", "yes", a == b)
     r.add("other seed → other trace hash", "yes" if a != c else "NO", "yes", a != c)
+    return r
+
+
+def s8(p: Params) -> Result:
+    r = s8_determinism(p)
     t0 = time.perf_counter()
     sim = _formed(p, p.first_seed, p.net())
     sim.run_until(p.duration_s)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kapok.bench.gossip_scenarios import SCENARIOS, Params, Result
+from kapok.bench.gossip_scenarios import SCENARIOS, Params, Result, s8_determinism
 from kapok.bench.gossip_sim import format_table, main
 
 N = 200
@@ -58,8 +58,15 @@ def test_s7_load_is_flat_in_n() -> None:
     check(SCENARIOS["S7"](Params(n=N, seeds=1)))
 
 
-def test_s8_determinism_and_speed() -> None:
-    check(SCENARIOS["S8"](Params(n=N, seeds=1, duration_s=60.0)))
+def test_s8_determinism() -> None:
+    # S8's wall-clock targets are left to `python -m kapok.bench.gossip_sim`: a test that times
+    # itself fails on a busy machine, not on a slow simulator.
+    result = s8_determinism(Params(n=N, seeds=1))
+    check(result)
+    assert [c.metric for c in result.checks] == [
+        "same seed → same trace hash",
+        "other seed → other trace hash",
+    ]
 
 
 def test_command_line(capsys: pytest.CaptureFixture[str]) -> None:
