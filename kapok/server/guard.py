@@ -43,6 +43,7 @@ from prometheus_client.registry import Collector
 
 from kapok.config import Config
 from kapok.errors import ConfigError, MessageTooLargeError
+from kapok.server.aiohttp_seam import ListeningSite, check_hooks, send_100_continue
 from kapok.server.conntable import Admit, ConnectionTable, ConnState, Limits
 
 __all__ = ["GUARD", "ConnectionGuard", "GuardedSite", "guard_middleware", "tls_context", "trust"]
@@ -286,8 +287,7 @@ async def expect_handler(request: web.Request) -> web.StreamResponse | None:
     if request.headers.get("Expect", "").lower() != "100-continue":
         raise web.HTTPExpectationFailed(text=f"unknown Expect: {request.headers['Expect']}")
     if request.version >= (1, 1):
-        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        request.writer.output_size = 0
+        await send_100_continue(request)
     return None
 
 
@@ -330,7 +330,7 @@ class _Tracked(asyncio.Protocol):
         self._inner.resume_writing()
 
 
-class GuardedSite(web.SockSite):
+class GuardedSite(ListeningSite):
     """``SockSite`` whose connections go through a ``ConnectionGuard`` (and TLS, if set)."""
 
     __slots__ = ("_guard", "_handshake_timeout_s")
@@ -340,9 +340,10 @@ class GuardedSite(web.SockSite):
         self._guard = guard
 
     async def start(self) -> None:
-        await web.BaseSite.start(self)
-        server = self._runner.server
-        assert server is not None
+        await super().start()
+        self._guard.start()
+
+    def protocol_factory(self, server: web.Server) -> Callable[[], asyncio.Protocol]:
         guard = self._guard
 
         def factory() -> asyncio.Protocol:
@@ -350,14 +351,11 @@ class GuardedSite(web.SockSite):
             inner.logger = cast("logging.Logger", guard.http_log)
             return _Tracked(guard, inner)
 
-        extra: dict[str, Any] = {}
-        if self._ssl_context is not None:  # the TLS handshake is bounded like headers are
-            extra["ssl_handshake_timeout"] = guard.limits.header_timeout_s
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            factory, sock=self._sock, ssl=self._ssl_context, backlog=self._backlog, **extra
-        )
-        guard.start()
+        return factory
+
+    def listen_options(self, tls: bool) -> dict[str, Any]:
+        # The TLS handshake is bounded like headers are.
+        return {"ssl_handshake_timeout": self._guard.limits.header_timeout_s} if tls else {}
 
 
 def tls_context(config: Config) -> ssl.SSLContext | None:
@@ -375,6 +373,10 @@ def tls_context(config: Config) -> ssl.SSLContext | None:
 
 
 async def guard_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The node's first start-up step: every hook into aiohttp's internals must be there
+    (``aiohttp_seam.check_hooks``), so a node that could not refuse unmasked frames, say,
+    stops here, before it recovers its storage or takes a master's role."""
+    check_hooks()
     yield
     await app[GUARD].aclose()
 

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kapok.server import aiohttp_seam
 from kapok.server.service import BrokerService
 
 __all__ = ["make_registry"]
@@ -88,6 +89,20 @@ class _ServiceCollector(Collector):
         stored = GaugeMetricFamily("kapok_messages_stored", "Messages held in memory, retained ones included")
         stored.add_metric([], len(service.broker.messages))
         yield stored
+        yield _hooks_missing()
+
+
+def _hooks_missing() -> Metric:
+    """1 for each optimisation hook into aiohttp this node runs without (said once at start
+    as a WARNING; see ``aiohttp_seam``): an alert can catch a node that got slower by an upgrade."""
+    missing = aiohttp_seam.missing_hooks()
+    gauge = GaugeMetricFamily(
+        "kapok_aiohttp_hooks_missing", "Optimisation hooks into aiohttp not installed", labels=["hook"]
+    )
+    for hook in aiohttp_seam.HOOKS:
+        if not hook.required:
+            gauge.add_metric([hook.name], 1 if hook.name in missing else 0)
+    return gauge
 
 
 def make_registry(service: BrokerService) -> CollectorRegistry:

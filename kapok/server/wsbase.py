@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from kapok.errors import TooManyConnectionsError
+from kapok.server.aiohttp_seam import MASKING, cancel_heartbeat, hook_lost, queued_frames
 from kapok.server.conntable import ConnState
 from kapok.server.guard import set_state
 from kapok.server.keys import CONNECTIONS, SERVICE
@@ -18,6 +19,8 @@ from kapok.server.wsfast import FastResponse
 from kapok.server.wsmask import require_masked_frames
 
 __all__ = ["CLOSE_TIMEOUT_S", "frame_limit", "messages", "open_ws"]
+
+log = logging.getLogger("kapok.server")
 
 # How long a closing handshake waits for the peer's close frame before the socket is
 # dropped anyway (aiohttp's default, 10 s, kept a refused client's slot twice as long).
@@ -53,8 +56,13 @@ async def open_ws(
         decode_text=text,
     )
     writer = await ws.prepare(request)
-    if getattr(ws, "fast", None) is None:  # a FastResponse's own reader fails unmasked frames (1002)
-        require_masked_frames(request, ws)
+    # A FastResponse's own reader fails unmasked frames (1002); aiohttp's needs MaskCheck,
+    # without which the node must not serve (the start-up check makes this unreachable).
+    if getattr(ws, "fast", None) is None and not require_masked_frames(request, ws):
+        lost = hook_lost(MASKING, "no frame reader to check on this socket")
+        log.error("%s: closing the socket (1011)", lost.message)
+        await ws.close(code=WSCloseCode.INTERNAL_ERROR)
+        raise lost
     set_state(request, ConnState.HANDSHAKE if handshake else ConnState.OPEN)
     transport = request.transport
     if transport is None:  # the peer left during the upgrade
@@ -82,11 +90,9 @@ def _disarm_heartbeat(ws: web.WebSocketResponse) -> None:
     alive for ``heartbeat_s`` after it ended: 5,000 refused handshakes a minute held
     ~50 MB for half a minute, which the allocator did not give back. It was neither a
     leak nor the collector being late (``gc.collect()`` freed nothing of it): the event
-    loop's timer heap held it. Private name again, checked by tests/integration/test_wsbase.py.
+    loop's timer heap held it. A private name of aiohttp's: ``aiohttp_seam.cancel_heartbeat``.
     """
-    cancel = getattr(ws, "_cancel_heartbeat", None)
-    if cancel is not None:
-        cancel()
+    cancel_heartbeat(ws)
 
 
 async def messages(ws: web.WebSocketResponse) -> AsyncIterator[WSMessage]:
@@ -98,15 +104,18 @@ async def messages(ws: web.WebSocketResponse) -> AsyncIterator[WSMessage]:
     has already parsed behind it are taken straight from its queue (its ``read`` returns
     at once when the queue is not empty, and keeps the queue's flow control); anything
     else, and every wait, goes through ``receive``. This leans on two private names of
-    aiohttp's; without them it is plain ``async for``.
+    aiohttp's (``aiohttp_seam.queued_frames``); without them it is plain ``async for``.
     """
-    queue: Any = getattr(ws, "_reader", None)
-    parsed = getattr(queue, "_buffer", None)
+    queued = queued_frames(ws)
+    if queued is None:
+        async for msg in ws:
+            yield msg
+        return
+    read, parsed = queued
     async for msg in ws:
         yield msg
-        if parsed is not None:
-            while parsed and parsed[0][0].type is _TEXT:
-                yield await queue.read()
+        while parsed and parsed[0][0].type is _TEXT:
+            yield await read()
 
 
 _TEXT = WSMsgType.TEXT

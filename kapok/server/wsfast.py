@@ -18,22 +18,24 @@ must come in the order of its frames). Flow control is the route's: ``go_direct`
 ``full`` test, and while it is true the socket is not read (``pause_reading``) until
 ``writable`` returns.
 
-This leans on aiohttp 3.x internals, like ``wsbase.messages``: the response's
-``_post_start``, ``_reader`` and ``_max_msg_size``, the protocol's ``_payload_parser`` and
-``_message_tail``. Without them the response works as aiohttp's own (``fast`` stays None)
-and tests/integration/test_wsfast.py fails.
+The reader is swapped in through ``aiohttp_seam.ParserSwapResponse``, which holds the
+aiohttp 3.x internals this needs. Without them the response works as aiohttp's own
+(``fast`` stays None), the node says so at start (``aiohttp_seam.check_hooks``) and
+tests/integration/test_wsfast.py fails.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sized
 from typing import Any
 
-from aiohttp import WebSocketError, WSMessage, WSMsgType, web
+from aiohttp import WebSocketError, WSMessage, WSMsgType
 
+from kapok.server.aiohttp_seam import ParserSwapResponse
 from kapok.server.wsframes import BINARY, CLOSE, PING, PONG, TEXT, ClientFrames, Message
 
 __all__ = ["FastResponse", "FastTexts"]
@@ -61,11 +63,14 @@ def _queued(message: Message) -> tuple[WSMessage, int]:
 class FastTexts:
     """The frame reader of one connection (what aiohttp's protocol calls ``feed_data`` on)."""
 
-    __slots__ = ("_frames", "_full", "_handler", "_held", "_protocol", "_queue", "_release", "_writable")
+    __slots__ = (
+        "_frames", "_full", "_handler", "_held", "_protocol", "_queue", "_queued", "_release", "_writable"
+    )  # fmt: skip
 
-    def __init__(self, protocol: Any, queue: Any, max_size: int) -> None:
+    def __init__(self, protocol: Any, queue: Any, queued: Sized, max_size: int) -> None:
         self._protocol = protocol  # aiohttp's RequestHandler: pause_reading, resume_reading
         self._queue = queue  # aiohttp's WebSocketDataQueue: what ws.receive() reads
+        self._queued = queued  # its messages not read yet
         self._frames = ClientFrames(max_size)
         self._handler: Handler | None = None
         self._full: Callable[[], bool] = bool
@@ -82,7 +87,7 @@ class FastTexts:
     ) -> bool:
         """Hand text messages to ``handler`` from now on, if aiohttp's queue is empty (else
         the route reads what is queued first and calls again); True once direct."""
-        if self._queue._buffer or self._frames.error is not None:
+        if self._queued or self._frames.error is not None:
             return False
         self._handler, self._full, self._writable = handler, full, writable
         return True
@@ -156,23 +161,14 @@ class FastTexts:
             self._protocol.resume_reading()
 
 
-class FastResponse(web.WebSocketResponse):
+class FastResponse(ParserSwapResponse):
     """aiohttp's WebSocket response, its frames read by ``FastTexts`` (``fast``) when
     aiohttp's internals are as expected and no frame came before the upgrade finished."""
 
     fast: FastTexts | None = None
 
-    def _post_start(self, request: Any, protocol: Any, writer: Any) -> None:
-        handler = request.protocol
-        tail = getattr(handler, "_message_tail", None)
-        super()._post_start(request, protocol, writer)
-        queue = getattr(self, "_reader", None)
-        ours = getattr(self, "_parser", None)
-        # Bytes that came with the upgrade (a client that did not wait for it) were fed
-        # to aiohttp's reader already: it keeps the connection then.
-        if tail != b"" or queue is None or getattr(handler, "_payload_parser", None) is not ours:
-            return
-        if not hasattr(queue, "_buffer") or not hasattr(queue, "feed_data"):
-            return
-        self.fast = FastTexts(handler, queue, int(getattr(self, "_max_msg_size", 0)))
-        handler._payload_parser = self.fast
+    def replacement_parser(
+        self, protocol: Any, queue: Any, parsed: collections.deque[Any], max_size: int
+    ) -> Any:
+        self.fast = FastTexts(protocol, queue, parsed, max_size)
+        return self.fast

@@ -80,9 +80,11 @@ def unmask_int(mask: bytes, payload: bytes) -> bytes:
 
 
 def _compiled_unmask() -> Callable[[bytes, bytes], bytes] | None:
-    try:  # aiohttp's C routine, in place on a bytearray: 0.19 µs for 110 bytes, against 0.51
-        from aiohttp._websocket.helpers import websocket_mask
-    except ImportError:
+    # aiohttp's C routine, in place on a bytearray: 0.19 µs for 110 bytes, against 0.51.
+    from kapok.server.aiohttp_seam import compiled_unmask
+
+    websocket_mask = compiled_unmask()
+    if websocket_mask is None:
         return None
 
     def unmask(mask: bytes, payload: bytes) -> bytes:

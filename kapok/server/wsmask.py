@@ -7,10 +7,10 @@ first unmasked frame with 1002 (protocol error). It reads only headers, skipping
 by their length, so it costs little per frame. Sockets read by ``wsfast`` need none of
 this: ``wsframes.ClientFrames`` parses every frame and enforces §5.1 itself.
 
-``require_masked_frames`` puts it in front of aiohttp's reader of one connection. That
-leans on two private names of aiohttp 3.x (the protocol's payload parser and the
-response's frame queue), like ``wsbase.messages``; without them the check is skipped
-and ``tests/integration/test_wsbase.py`` fails.
+``require_masked_frames`` puts it in front of aiohttp's reader of one connection, through
+``aiohttp_seam.wrap_frame_parser`` (two private names of aiohttp 3.x). It is a correctness
+hook: a node whose aiohttp does not let it in refuses to start (``aiohttp_seam.check_hooks``),
+and ``wsbase.open_ws`` fails a socket it could not be put in front of.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import WSCloseCode, web
 from aiohttp.http_websocket import WebSocketError
 
+from kapok.server.aiohttp_seam import wrap_frame_parser
 from kapok.server.wsframes import frame_extent
 
 __all__ = ["MaskCheck", "require_masked_frames"]
@@ -96,10 +97,4 @@ class _MaskedOnly:
 def require_masked_frames(request: web.Request, ws: web.WebSocketResponse) -> bool:
     """Fail ``ws`` (1002) on the client's first unmasked frame; False if this aiohttp
     does not let us look."""
-    protocol = request.protocol
-    parser = getattr(protocol, "_payload_parser", None)
-    queue = getattr(ws, "_reader", None)
-    if parser is None or queue is None or not hasattr(parser, "feed_data"):
-        return False
-    protocol._payload_parser = _MaskedOnly(parser, queue)
-    return True
+    return wrap_frame_parser(request, ws, _MaskedOnly)
