@@ -9,7 +9,7 @@ new aiohttp could drop a safety check without anyone noticing. Hence:
 
 * the rest of ``kapok`` touches none of these names: it calls the functions and classes
   below, each saying in its docstring what of aiohttp it relies on;
-* ``check_hooks`` runs as the node starts (``guard.GuardedSite.start``). A *correctness*
+* ``check_hooks`` runs as the node starts (``guard.guard_ctx``, its first step). A *correctness*
   hook that cannot be installed stops the node with a one-line ``ConfigError`` naming the
   hook and the aiohttp version; an *optimisation* hook that is missing is said once, as a
   WARNING, and shows in the ``kapok_aiohttp_hooks_missing{hook}`` gauge.
