@@ -33,6 +33,7 @@ import aiohttp
 from kapok.bench.harness import CaseFailed, Harness
 from kapok.bench.nodes import LocalNode, Node
 from kapok.bench.report import Row
+from kapok.tasks import cancel_all
 
 __all__ = ["Soak", "soak"]
 
@@ -94,9 +95,7 @@ class Soak:
                 await self._drive()
             finally:
                 self.running = False
-                for w in workers:
-                    w.cancel()
-                await asyncio.gather(*workers, return_exceptions=True)
+                await cancel_all(*workers)
         return self.tally
 
     async def _drive(self) -> None:

@@ -11,7 +11,6 @@ next periodic read.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import secrets
@@ -30,6 +29,7 @@ from kapok.client.session import Connector, NodeSession
 from kapok.client.stats import Stats, Status
 from kapok.client.view import Member, by_pair
 from kapok.errors import ClientClosedError, ConnectionLostError, KapokError, UnavailableError
+from kapok.tasks import cancel_and_wait
 
 __all__ = ["ClientBase"]
 
@@ -117,9 +117,7 @@ class ClientBase:
 
     async def _stop_upkeep(self) -> None:
         if self._upkeep is not None:
-            self._upkeep.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._upkeep
+            await cancel_and_wait(self._upkeep)
             self._upkeep = None
         await self._close_http()
         self.status = Status.CLOSED

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
-import contextlib
 import functools
 import logging
 from collections.abc import Callable, Sequence
@@ -46,6 +45,7 @@ from kapok.errors import (
     UnknownCodeError,
     UnsupportedError,
 )
+from kapok.tasks import cancel_and_wait, spawn
 
 __all__ = ["Consumer", "Message"]
 
@@ -236,16 +236,14 @@ class Consumer(ClientBase):
                 log.info("%s: pair %s is now served by %s", self.name, pair, member.name)
                 feed.member = member
                 if feed.session is not None:  # the feed reconnects, to the new member
-                    asyncio.get_running_loop().create_task(feed.session.close())
+                    spawn(feed.session.close())
         for pair in [p for p in self._feeds if p not in self.view]:
-            asyncio.get_running_loop().create_task(self._stop_feed(self._feeds.pop(pair)))
+            spawn(self._stop_feed(self._feeds.pop(pair)))
         self._update_status()
 
     async def _stop_feed(self, feed: _Feed) -> None:
         if feed.task is not None:
-            feed.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await feed.task
+            await cancel_and_wait(feed.task)
         if feed.session is not None:
             await feed.session.close()
 

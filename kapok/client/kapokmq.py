@@ -30,6 +30,7 @@ from kapok.errors import (
     NotActiveError,
     UnsupportedError,
 )
+from kapok.tasks import spawn
 
 __all__ = ["KapokMQSession", "compat_frame"]
 
@@ -199,7 +200,7 @@ class KapokMQSession:
         # Any socket of the session that closes ends the session: the caller reconnects it whole.
         if not self._closed:
             self._closed = True
-            asyncio.get_running_loop().create_task(self.close())
+            spawn(self.close())
 
     async def wait_closed(self) -> None:
         await self._done.wait()

@@ -22,6 +22,7 @@ from aiohttp import WSMsgType
 from kapok.client.session import Deliver, SubSpec, remote_error
 from kapok.client.view import Member
 from kapok.errors import AuthError, ConnectionLostError, KapokError, NotActiveError
+from kapok.tasks import spawn
 
 __all__ = ["MAX_FRAME_BYTES", "NativeSession", "connect_native"]
 
@@ -139,7 +140,7 @@ class NativeSession:
                     frame["requeue"] = requeue
                 frames.append(orjson.dumps(frame))
         if frames and not self._closed:
-            asyncio.get_running_loop().create_task(self._send_all(frames))
+            spawn(self._send_all(frames))
 
     async def _send_all(self, frames: list[bytes]) -> None:
         try:
@@ -183,7 +184,7 @@ class NativeSession:
             if deliver is not None:
                 self._deliver[frame["sub"]] = deliver
         elif op == "ping":
-            asyncio.get_running_loop().create_task(self._send_all([orjson.dumps({"op": "pong", "id": rid})]))
+            spawn(self._send_all([orjson.dumps({"op": "pong", "id": rid})]))
             return
         elif op == "error":
             self._subscribing.pop(rid, None)

@@ -60,6 +60,7 @@ from kapok.errors import (
     TooManyConnectionsError,
     UnavailableError,
 )
+from kapok.tasks import spawn
 
 __all__ = ["Producer"]
 
@@ -393,7 +394,7 @@ class Producer(ClientBase):
         lane.gen += 1
         session, lane.session = lane.session, None
         if session is not None and not session.closed:
-            asyncio.get_running_loop().create_task(session.close())
+            spawn(session.close())
         lane.down_until = time.monotonic() + self.backoff(lane.failures)
         lane.failures += 1
         name = lane.member.name if lane.member else lane.pair

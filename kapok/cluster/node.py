@@ -50,6 +50,7 @@ from kapok.cluster.swim import Swim
 from kapok.cluster.transport import Transport, UdpTcpTransport, format_addr, split_addr
 from kapok.config import ClusterConfig
 from kapok.errors import ConfigError
+from kapok.tasks import cancel_all
 
 __all__ = [
     "DROP_WARNING_INTERVAL_S",
@@ -166,10 +167,7 @@ class GossipNode:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        for task in list(self._streams_out):
-            task.cancel()
-        if self._streams_out:
-            await asyncio.gather(*self._streams_out, return_exceptions=True)
+        await cancel_all(*self._streams_out)
         if self._open:
             self._open = False
             await self.transport.aclose()

@@ -15,7 +15,6 @@ present at both ends of the window: exact except for a consumer's last seconds.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
@@ -25,6 +24,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from kapok.server.service import BrokerService
+from kapok.tasks import cancel_and_wait
 
 __all__ = ["RATES", "RateSampler", "Sample", "history_chart", "rate", "rates_ctx", "total_rates"]
 
@@ -125,9 +125,7 @@ class RateSampler:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
 
     async def _run(self) -> None:

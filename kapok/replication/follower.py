@@ -55,6 +55,7 @@ from kapok.replication.protocol import SNAPSHOT, History
 from kapok.replication.session import Append, FollowerSession, HandOver, control, parse_start
 from kapok.replication.state import PairState
 from kapok.storage.wal import WriteAheadLog
+from kapok.tasks import cancel_and_wait
 
 __all__ = ["Follower", "Host"]
 
@@ -143,9 +144,7 @@ class Follower:
         # turn a cancel into a TimeoutError, which the loop takes for a broken link.
         self._closing.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         if self.link is not None:
             await self.link.close("the slave is stopping")
@@ -283,9 +282,8 @@ class Follower:
         try:
             await self._receive(link, session)
         finally:
-            sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
-                await sender
+            with contextlib.suppress(ConnectionError):
+                await cancel_and_wait(sender)
 
     async def _chunk(self, link: SyncLink) -> bytes | None:
         """The next snapshot chunk of a full transfer; None at its end."""

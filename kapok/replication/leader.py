@@ -46,6 +46,7 @@ from kapok.replication.session import (
 )
 from kapok.replication.state import PairState
 from kapok.replication.transfer import send_transfer
+from kapok.tasks import cancel_all
 
 if TYPE_CHECKING:
     from kapok.storage.wal import WriteAheadLog
@@ -400,9 +401,7 @@ async def _first_done(*coroutines: Any) -> None:
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_all(*tasks)
     for task in done:
         if not task.cancelled() and task.exception() is not None:
             raise task.exception()

@@ -28,7 +28,6 @@ Start-up picks the first role from what this node remembers and what its partner
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -60,6 +59,7 @@ from kapok.replication.state import PairState
 from kapok.replication.transfer import receive_transfer
 from kapok.storage.disk import DiskStore
 from kapok.storage.wal import WriteAheadLog
+from kapok.tasks import cancel_and_wait
 
 __all__ = ["ReplicationNode", "Service"]
 
@@ -297,9 +297,7 @@ class ReplicationNode:
         takes the role back (``ask_back`` is off from here on)."""
         self._stopping = True
         if self._watchdog is not None:
-            self._watchdog.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watchdog
+            await cancel_and_wait(self._watchdog)
             self._watchdog = None
         await self.partner.aclose()
         async with self._lock:

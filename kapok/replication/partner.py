@@ -21,7 +21,6 @@ that knowledge trustworthy, and they live here:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 from typing import Any
@@ -34,6 +33,7 @@ from kapok.cluster.messages import NodeState, State
 from kapok.cluster.node import GossipNode
 from kapok.config import ReplicationConfig
 from kapok.replication.state import PairState
+from kapok.tasks import cancel_and_wait
 
 __all__ = ["Partner", "epoch_active", "probe_health"]
 
@@ -121,9 +121,7 @@ class Partner:
 
     async def aclose(self) -> None:
         if self._probe is not None:
-            self._probe.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._probe
+            await cancel_and_wait(self._probe)
             self._probe = None
 
     # ------------------------------------------------------------ freezes

@@ -7,7 +7,6 @@ it the cluster is this node alone, in the same shapes, so clients need no specia
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -22,6 +21,7 @@ from kapok.cluster.node import GossipNode, format_addr
 from kapok.server.keys import GOSSIP, REGISTRY, REPLICATION, SERVICE
 from kapok.server.ops import pair_role
 from kapok.server.responses import json_response
+from kapok.tasks import cancel_and_wait
 
 __all__ = ["announce", "compat_nodes", "gossip_ctx", "member_rows", "node_meta", "routes"]
 
@@ -189,9 +189,7 @@ async def gossip_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        refresh.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await refresh
+        await cancel_and_wait(refresh)
         await node.aclose()
 
 

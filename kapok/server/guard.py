@@ -45,6 +45,7 @@ from kapok.config import Config
 from kapok.errors import ConfigError, MessageTooLargeError
 from kapok.server.aiohttp_seam import ListeningSite, check_hooks, send_100_continue
 from kapok.server.conntable import Admit, ConnectionTable, ConnState, Limits
+from kapok.tasks import cancel_and_wait
 
 __all__ = ["GUARD", "ConnectionGuard", "GuardedSite", "guard_middleware", "tls_context", "trust"]
 
@@ -130,9 +131,7 @@ class ConnectionGuard(Collector):
 
     async def aclose(self) -> None:
         if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+            await cancel_and_wait(self._sweeper)
             self._sweeper = None
 
     # ------------------------------------------------------------ accept and close

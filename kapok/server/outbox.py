@@ -46,6 +46,7 @@ from aiohttp import WSCloseCode, web
 from aiohttp.abc import AbstractStreamWriter
 
 from kapok.errors import KapokError, StorageError, UnavailableError
+from kapok.tasks import cancel_and_wait
 
 __all__ = ["Outbox", "text_frame_header", "text_frames"]
 
@@ -355,8 +356,6 @@ class Outbox:
         self._drained.set()
         self.on_room = None
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
         self._queue.clear()  # give the memory back now, not when the last reference goes
         self._bytes = 0

@@ -156,10 +156,10 @@ class ArchiveFeed:
     async def aclose(self) -> None:
         import asyncio
 
+        from kapok.tasks import cancel_and_wait
+
         if self._restarting is not None:
-            self._restarting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._restarting
+            await cancel_and_wait(self._restarting)
         proc, pipe, self._proc, self._pipe = self._proc, self._pipe, None, None
         if proc is None:
             return

@@ -39,6 +39,7 @@ from kapok.storage.archiver import ArchiveFeed, ArchiveSettings
 from kapok.storage.records import FrameReader, encode_batch, encode_end
 from kapok.storage.snapshot import FoundSnapshot, SnapshotWriter, find_newest, list_snapshots, map_file
 from kapok.storage.wal import Segment, WriteAheadLog, list_segments
+from kapok.tasks import cancel_and_wait
 
 __all__ = ["DiskStore", "begin_transfer", "install_transfer"]
 
@@ -281,9 +282,7 @@ class DiskStore:
             return
         self._closed = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
         if self._broker is not None and snapshot:
             try:
                 await self.snapshot()

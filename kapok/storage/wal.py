@@ -48,7 +48,6 @@ times; ``aclose`` gives up the wait (what was never written was never acknowledg
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import itertools
 import logging
@@ -64,6 +63,7 @@ from kapok.clock import wait_set
 from kapok.core.changes import Change
 from kapok.errors import StorageError
 from kapok.storage.records import encode_payload, frame_header
+from kapok.tasks import cancel_and_wait
 
 __all__ = ["Segment", "WriteAheadLog", "list_segments"]
 
@@ -232,9 +232,7 @@ class WriteAheadLog:
         self._closing.set()  # a write waiting for space gives up: it was never acknowledged
         await self.flush()
         for task in self._tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         self._submit_archive()  # whatever is still queued: a clean shutdown archives it all
         await asyncio.get_running_loop().run_in_executor(self._thread, self._close_file)
         self._thread.shutdown(wait=True)
