@@ -8,10 +8,11 @@ later, against things that are already closed.
 Awaiting a task that ends cancelled raises ``CancelledError`` in the awaiting task as
 well, and the owner swallows that one: it asked for it. But the owner may itself be
 cancelled while it waits (a shutdown with a time-out, a cancelled request handler), and
-that ``CancelledError`` must go on, or the owner's caller waits for something that was
-never going to stop. Both arrive as the same exception; the owner's own cancel is told
-apart by ``Task.cancelling()``, which counts the cancels requested of the awaiting task
-and which rises while it waits only if it was cancelled meanwhile.
+that ``CancelledError`` must go on, or the cancel is lost: the owner carries on as if
+nothing happened, and a time-out around it never fires. Both arrive as the same
+exception; the owner's own cancel is told apart by ``Task.cancelling()``, which counts the
+cancels requested of the awaiting task and rises while it waits only if it was cancelled
+meanwhile.
 
 A task nobody waits for (a pong, a close in the background) still needs a reference: the
 event loop keeps only a weak one, so an unreferenced task can be garbage-collected before
