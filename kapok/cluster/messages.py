@@ -55,7 +55,7 @@ class State(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class NodeMeta:
-    """What the broker tells the cluster about a node (SPEC §13 ``/cluster/nodes``).
+    """What the broker tells the cluster about a node (and ``/cluster/nodes`` shows).
 
     ``role`` is the node's current role in its master/slave pair, ``pair`` names the
     other node of the pair (``None`` when unpaired), ``epoch`` is the pair's fencing
@@ -157,10 +157,6 @@ class Dead:
     incarnation: int
     node: str
     source: str
-
-    @property
-    def is_leave(self) -> bool:
-        return self.source == self.node
 
 
 @dataclass(frozen=True, slots=True)

@@ -123,7 +123,6 @@ class Simulator:
         self.observers: list[ChangeObserver] = []
         self.events = 0
         self.packets = 0
-        self.packets_lost = 0
         self.max_packet = 0
         self.streams = 0
         self.streams_retransmitted = 0
@@ -262,13 +261,11 @@ class Simulator:
             self.max_packet = len(data)
         dst = self.by_addr.get(addr)
         if dst is None or not dst.up or (self.partitioned and dst.group != src.group):
-            self.packets_lost += 1
             return
         net = self.net
         rnd = self.rng.random
         loss = self.link_loss.get((src.index, dst.index), net.loss) if self.link_loss else net.loss
         if loss and rnd() < loss:
-            self.packets_lost += 1
             return
         delay = net.delay_min_s + rnd() * (net.delay_max_s - net.delay_min_s)
         if dst.slow:
