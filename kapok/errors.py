@@ -28,7 +28,7 @@ compatibility routes), and the client maps ``code`` back to the same class::
      │         └── ReplicationUnconfirmedError  stored, but the slave did not confirm in time
      ├── ReplicationError             the sync link: a broken rule between master and slave
      │    └── SyncRefusedError        the master refused the slave (``why`` says why)
-     ├── StorageError                 reserved for the storage layer
+     ├── StorageError                 the disk: a failed write, an unreadable file, storage.dir in use
      ├── AnalyticsError               ``kapok analytics``: unusable input, no Java, a failed Spark job
      └── ClientError                  raised by kapok.client itself, never sent by a node
           ├── ConnectionLostError     the connection to a node broke (in-flight work is in doubt)
@@ -224,6 +224,10 @@ class SyncRefusedError(ReplicationError):
 
 
 class StorageError(KapokError):
+    """What is on disk cannot be written or read: the write-ahead log or the archive failed
+    a write, a snapshot, log record, pair state or KapokMQ data file cannot be decoded, or
+    ``storage.dir`` is locked by another process. A request that fails with it gets a 500."""
+
     code = "storage"
     http_status = 500
 
