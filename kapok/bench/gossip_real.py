@@ -1,4 +1,4 @@
-"""The R-scenarios of reference/swim-anchors.md on real ``kapok serve`` processes.
+"""The R-scenarios of the SWIM membership on real ``kapok serve`` processes.
 
     python -m kapok.bench.gossip_real --nodes 8 --runs 20 [--profile fast]
     python -m kapok.bench.gossip_real --scenario r4|r5 --seconds 120

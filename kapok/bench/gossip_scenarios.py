@@ -1,11 +1,11 @@
-"""The S1–S8 simulator scenarios of reference/swim-anchors.md §8 A, with their targets.
+"""The S1–S8 simulator scenarios of the SWIM membership, with their targets.
 
 Each scenario runs one or more seeded simulations (``simnet.Simulator``) and returns a
-``Result``: rows of *metric, measured, target, pass*. Targets are the reference's figures
-for N = 1,000 with the ``lan`` profile. Where a target depends on N through the suspicion
-timeout (S1's detection times), it is written as the N = 1,000 figure minus that N's minimum
-suspicion timeout (12 s), plus the minimum at the N being run, so a reduced grid at N = 200
-is held to the same margins.
+``Result``: rows of *metric, measured, target, pass*. Targets are set for N = 1,000 with
+the ``lan`` profile. Where a target depends on N through the suspicion timeout (S1's
+detection times), it is written as the N = 1,000 figure minus that N's minimum suspicion
+timeout (12 s), plus the minimum at the N being run, so a reduced grid at N = 200 is held
+to the same margins.
 """
 
 from __future__ import annotations

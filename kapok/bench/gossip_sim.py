@@ -3,7 +3,7 @@
     python -m kapok.bench.gossip_sim --nodes 1000 --seeds 5 --scenario all
     python -m kapok.bench.gossip_sim --nodes 200 --seeds 3 --scenario S1,S6 --profile lan
 
-Scenarios (reference/swim-anchors.md §8 A): S1 crash detection, S2 join dissemination,
+Scenarios: S1 crash detection, S2 join dissemination,
 S3 cluster formation, S4 false positives under loss, S5 slow nodes with and without
 Lifeguard, S6 partition and heal, S7 quiescent load, S8 determinism and speed. The exit
 status is 1 when a target is missed.

@@ -1,4 +1,4 @@
-"""Cluster membership: SWIM failure detection and gossip with Lifeguard (SPEC §6).
+"""Cluster membership: SWIM failure detection and gossip with Lifeguard.
 
 Pure, sans-I/O modules (no asyncio, socket, time or random imports; ``now`` and a seeded
 ``random.Random`` are passed in): ``messages``, ``codec``, ``suspicion``, ``broadcasts``,

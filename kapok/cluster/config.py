@@ -1,6 +1,6 @@
 """Timings and limits of the SWIM protocol, with the ``lan`` and ``fast`` profiles.
 
-``lan`` is memberlist's DefaultLANConfig (reference/swim-anchors.md §1). ``fast`` divides
+``lan`` is memberlist's DefaultLANConfig. ``fast`` divides
 the times by ten for loopback tests and demos and keeps every multiplier. Every field can
 be overridden: ``SwimConfig.profile("fast", probe_timeout_s=0.03)``.
 

@@ -1,7 +1,6 @@
 """Lifeguard arithmetic: suspicion timeouts, local health, retransmit and push-pull scaling.
 
-Pure functions of their arguments (``now`` included), following memberlist's formulas
-(``reference/swim-anchors.md`` §1 and §3):
+Pure functions of their arguments (``now`` included), following memberlist's formulas:
 
 * suspicion minimum = ``mult × max(1, log10(max(1, n))) × probe_interval``; maximum =
   ``max_mult × minimum``. A fresh suspicion waits the maximum; every *independent*

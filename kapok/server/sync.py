@@ -1,5 +1,5 @@
 """The node's replication routes and metrics: ``/sync/v1`` (the slave's link), the pair's
-state and the operator's unpair, and ``kapok_replication_*`` (SPEC §7).
+state and the operator's unpair, and the ``kapok_replication_*`` metrics.
 
 The routes are thin: the pair's rules live in ``kapok.replication``. ``/sync/v1`` and
 ``/replication/unpair`` need the secret key, checked by the auth middleware before the

@@ -1,6 +1,6 @@
 """Gossip membership between real ``kapok serve`` processes over UDP/TCP on 127.0.0.1.
 
-The R-scenarios of reference/swim-anchors.md with the ``fast`` profile, on one cluster of
+The R-scenarios of ``kapok.bench.gossip_real`` with the ``fast`` profile, on one cluster of
 seven nodes that the tests share in file order (each test states what it needs of it):
 R2 a new node joins through one seed; R1 kill -9 one node, every survivor marks it dead;
 R3 a graceful stop shows as left, and the name rejoins with a higher incarnation; R6 a

@@ -1,4 +1,4 @@
-"""Storage faults under a slave (issue 22, acceptance item 1): real ``kapok serve`` processes.
+"""Storage faults under a slave: real ``kapok serve`` processes.
 
 Every scenario runs a witness, a master and its slave (gossip profile ``fast``, sync mode,
 ``replication.failover_timeout_s`` 1 unless said otherwise) and publishes a few thousand

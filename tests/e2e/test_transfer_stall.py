@@ -1,4 +1,4 @@
-"""A full state transfer must not stall its master (issue 22, defect 11).
+"""A full state transfer must not stall its master.
 
 Real ``kapok serve`` processes: a witness, a master filled with 200,000 small queued
 messages, then a slave that starts empty and, the master's backlog being too small to

@@ -1,4 +1,4 @@
-"""Bad input on the KapokMQ-compatible routes (SPEC §12): every malformed frame,
+"""Bad input on the KapokMQ-compatible routes: every malformed frame,
 form or name gets a clear error or is counted, no traceback reaches the client,
 and the node keeps serving: each test ends with a well-behaved client that
 publishes and consumes successfully."""
@@ -146,7 +146,7 @@ async def send_oversize(ws: aiohttp.ClientWebSocketResponse, text: str) -> None:
         ('{"MessageData": "x", "DelayTime": 99999999999999999999999999}', ("DelayTime",)),
         ('{"MessageData": "x", "DelayTime": 99999999999}', ("DelayTime",)),
         ('{"messagedata": 1}', ("MessageData",)),
-        ("{}", ("MessageData",)),  # issue 17: stored as an empty message before
+        ("{}", ("MessageData",)),  # once stored as an empty message
         ('{"DelayTime": 0}', ("MessageData",)),
         ('{"Message": "x"}', ("MessageData",)),
     ],

@@ -1,6 +1,6 @@
 """The disk store under real nodes: real files in tmp_path, a real event loop, real sockets.
 
-* fsync ordering (SPEC §5): no producer ack (``puback``, KapokMQ ``ok``, HTTP
+* fsync ordering: no producer ack (``puback``, KapokMQ ``ok``, HTTP
   answer) before the fsync that covers its record; one fsync covers every
   record written while the previous one ran (group commit);
 * ``interval`` and ``never``: acks do not wait for fsync;

@@ -1,4 +1,4 @@
-"""A full transfer taken in slices while the master keeps changing (issue 22, defect 11).
+"""A full transfer taken in slices while the master keeps changing.
 
 The master's snapshot is walked a slice at a time, the event loop serving clients in
 between, so messages are published, leased, acked, requeued, dead-lettered and deleted

@@ -1,4 +1,4 @@
-"""Bad input on the native protocols (SPEC §12): a clear error, never a traceback, and the
+"""Bad input on the native protocols: a clear error, never a traceback, and the
 node keeps serving: the same WebSocket still works and a second client publishes and
 consumes fine afterwards."""
 
@@ -296,7 +296,7 @@ async def test_unmasked_client_frame_closes_1002(
     node: Any, session: aiohttp.ClientSession, auth: dict[str, str], route: str
 ) -> None:
     """RFC 6455 §5.1: the server closes the connection on an unmasked client frame
-    (issue 17: /v1/ws took them)."""
+    (/v1/ws once took them)."""
     port = node.server.port
     reader, writer = await raw_upgrade(port, route, auth)
     try:

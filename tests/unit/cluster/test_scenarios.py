@@ -1,4 +1,4 @@
-"""The reduced S-grid: scenarios S1–S8 of reference/swim-anchors.md §8 at N = 200 with the
+"""The reduced S-grid: scenarios S1–S8 of ``kapok.bench.gossip_scenarios`` at N = 200 with the
 ``lan`` profile, each asserting its targets (the full N = 1,000 grid is
 ``python -m kapok.bench.gossip_sim``)."""
 

@@ -1,5 +1,5 @@
-"""Lifeguard arithmetic against the derived-values table of reference/swim-anchors.md §1,
-and the broadcast queue's retransmit bookkeeping."""
+"""Lifeguard arithmetic against the values memberlist's formulas give for the ``lan``
+profile, and the broadcast queue's retransmit bookkeeping."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_lan_derived_values(n: int, lo: float, hi: float, k: int, retransmits: i
 
 @pytest.mark.parametrize(("confirmations", "expected"), [(0, 48.0), (1, 22.8), (2, 8.0), (3, 8.0)])
 def test_timeout_falls_with_confirmations_at_n100(confirmations: int, expected: float) -> None:
-    # The reference's worked example: 48 s, 22.8 s, 8 s.
+    # memberlist's formula at N = 100: 48 s, 22.8 s, 8 s.
     assert suspicion_timeout_s(8.0, 48.0, 2, confirmations) == pytest.approx(expected, abs=0.05)
 
 

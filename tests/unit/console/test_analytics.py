@@ -27,7 +27,7 @@ def test_the_summary_path_is_configurable() -> None:
 
 
 def summary() -> dict[str, object]:
-    """The shape the analytics job writes (issue 15)."""
+    """The shape the analytics job writes."""
     return {
         "generated_at": NOW - 3600,
         "topics": {

@@ -1,4 +1,4 @@
-"""Scenario tests of the pure broker core against SPEC §2–§3.
+"""Scenario tests of the pure broker core: topics, groups, deliveries, acks and their timers.
 
 Time is always an argument; every test drives the broker with explicit
 ``now`` values and reads what it decided through ``take_pushes()`` and

@@ -1,4 +1,4 @@
-"""Node-wide limits of the core (issue 17): the backlog limit in bytes, the prefetch cap,
+"""Node-wide limits of the core: the backlog limit in bytes, the prefetch cap,
 and the send room that stops deliveries to a consumer whose connection is not reading."""
 
 from __future__ import annotations

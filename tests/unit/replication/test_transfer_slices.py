@@ -1,5 +1,5 @@
 """``send_transfer``: the master's snapshot goes out in slices, encoded off the event loop,
-never ahead of what the link has taken (issue 22, defect 11)."""
+never ahead of what the link has taken."""
 
 from __future__ import annotations
 

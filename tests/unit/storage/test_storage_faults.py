@@ -1,4 +1,4 @@
-"""Storage faults below the replication pair (issue 22): a full disk under a slave's WAL,
+"""Storage faults below the replication pair: a full disk under a slave's WAL,
 and a hole in the log that recovery must not paper over.
 
 A slave's copy of its master's batch that finds the disk full is cut off the segment
