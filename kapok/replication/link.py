@@ -41,8 +41,6 @@ class SyncLink:
     def __init__(self, ws: WebSocket) -> None:
         self.ws = ws
         self.last_heard = loop_time()
-        self.bytes_in = 0
-        self.bytes_out = 0
 
     @property
     def closed(self) -> bool:
@@ -56,12 +54,9 @@ class SyncLink:
             await self.send_control(**frame)
 
     async def send_control(self, op: str, **fields: Any) -> None:
-        data = encode_control(op, **fields)
-        self.bytes_out += len(data)
-        await self.ws.send_str(data.decode())
+        await self.ws.send_str(encode_control(op, **fields).decode())
 
     async def send_binary(self, data: bytes) -> None:
-        self.bytes_out += len(data)
         await self.ws.send_bytes(data)
 
     async def receive(self, timeout: float | None = None) -> Frame | None:
@@ -69,10 +64,10 @@ class SyncLink:
         ``ReplicationError`` for a frame that breaks the protocol."""
         msg = await self.ws.receive(timeout)
         if msg.type is WSMsgType.TEXT:
-            self._heard(len(msg.data))
+            self.last_heard = loop_time()
             return decode_control(msg.data)
         if msg.type is WSMsgType.BINARY:
-            self._heard(len(msg.data))
+            self.last_heard = loop_time()
             data: bytes = msg.data
             return data
         if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
@@ -94,10 +89,6 @@ class SyncLink:
     async def close(self, reason: str = "") -> None:
         if not self.ws.closed:
             await self.ws.close(code=WSCloseCode.GOING_AWAY, message=reason.encode()[:120])
-
-    def _heard(self, size: int) -> None:
-        self.last_heard = loop_time()
-        self.bytes_in += size
 
 
 LinkFactory: TypeAlias = Callable[[WebSocket], SyncLink]

@@ -49,7 +49,7 @@ async def test_a_cut_link_holds_sends_and_reads_until_healed() -> None:
     cut = False
     await asyncio.wait_for(sending, 5)
     assert await asyncio.wait_for(reading, 5) == b"ack"
-    assert ws.sent == [b"record"] and link.bytes_out == 6 and link.bytes_in == 3
+    assert ws.sent == [b"record"]
 
 
 async def test_a_read_delay_holds_each_frame_back() -> None:
