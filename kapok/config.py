@@ -207,7 +207,6 @@ class MqConfig:
             topic_overrides={name: self.topic(name) for name in self.topics},
         )
 
-
     def backlog_limit(self) -> int:
         """``max_backlog_bytes``, or when 0 a quarter of the memory this process may use."""
         return self.max_backlog_bytes or usable_memory_bytes() // 4

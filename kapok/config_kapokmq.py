@@ -333,4 +333,3 @@ class _Translator:
                 first = False
             else:
                 self.note(key, f"{key}: {_show(self.value(key))} -> replication.master: {url!r} (its {part})")
-

@@ -148,8 +148,11 @@ def run_local_cluster(masters: int, slaves: bool, directory: str | None, out: Te
             print(f"kapok local-cluster: {len(nodes)} node(s) in {base}", file=out)
             for plan, node in zip(plans, nodes, strict=True):
                 role = plan.role if plan.master is None else f"slave of {plan.master}"
-                print(f"  {plan.name:4} {role:12} {node.url}  gossip 127.0.0.1:{plan.gossip_port}  "
-                      f"pid {node.pid}  {base / plan.name / 'application.yaml'}", file=out)
+                print(
+                    f"  {plan.name:4} {role:12} {node.url}  gossip 127.0.0.1:{plan.gossip_port}  "
+                    f"pid {node.pid}  {base / plan.name / 'application.yaml'}",
+                    file=out,
+                )
             seeds = " ".join(f"--seed {p.url}" for p in plans if p.role == "master")
             print(f"  clients: {seeds}", file=out)
             print("Ctrl-C stops the cluster.", file=out, flush=True)

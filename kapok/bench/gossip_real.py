@@ -157,8 +157,9 @@ def _health(node: NodeProcess) -> float | None:
     return None if match is None else float(match.group(1))
 
 
-def run_faults(nodes_count: int, profile: str, base: Path, *, loss: float, stalled: bool,
-               duration_s: float) -> dict[str, float]:
+def run_faults(
+    nodes_count: int, profile: str, base: Path, *, loss: float, stalled: bool, duration_s: float
+) -> dict[str, float]:
     """R4 (every node drops ``loss`` of its datagrams each way) or R5 (node 1 blocks its loop
     2 s every 10 s for ``duration_s``): false deaths, false suspicions, and for R5 the stalled
     node's health score."""
@@ -199,8 +200,9 @@ def run_faults(nodes_count: int, profile: str, base: Path, *, loss: float, stall
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kapok.bench.gossip_real",
-                                     description="R1-R5 on real processes")
+    parser = argparse.ArgumentParser(
+        prog="python -m kapok.bench.gossip_real", description="R1-R5 on real processes"
+    )
     parser.add_argument("--scenario", default="r1-r3", choices=("r1-r3", "r4", "r5"))
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--runs", type=int, default=20, help="r1-r3: rounds")
@@ -211,8 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="kapok-realrun-") as tmp:
         if args.scenario != "r1-r3":
             loss = 0.1 if args.scenario == "r4" else 0.0
-            figures = run_faults(args.nodes, args.profile, Path(tmp), loss=loss,
-                                 stalled=args.scenario == "r5", duration_s=args.seconds)
+            figures = run_faults(
+                args.nodes,
+                args.profile,
+                Path(tmp),
+                loss=loss,
+                stalled=args.scenario == "r5",
+                duration_s=args.seconds,
+            )
             what = f"{args.nodes} processes, profile {args.profile}, {args.seconds:.0f} s"
             print(f"\n{args.scenario.upper()}: {what}")
             for key, value in figures.items():
@@ -229,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| R2 join through one member: alive in every view | {_summary(fig.r2)} | {r2_target} |")
     print(f"| R3 graceful leave: left in every view | {_summary(fig.r3)} | ≤ 1 s (fast) |")
     return 0
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

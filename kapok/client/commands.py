@@ -134,8 +134,10 @@ async def _consume(args: argparse.Namespace, stdout: BinaryIO, stderr: TextIO) -
     print(f"kapok consume: {done} message(s)", file=stderr)
     print("received per node:", *_per_node(stats, "received"), sep="\n", file=stderr)
     if wanted is not None and done < wanted:
-        print(f"kapok: error: got {done} of {wanted} messages before {args.timeout:g} s passed without one",
-              file=stderr)
+        print(
+            f"kapok: error: got {done} of {wanted} messages before {args.timeout:g} s passed without one",
+            file=stderr,
+        )
         return EXIT_ERROR
     return 0
 

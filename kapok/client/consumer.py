@@ -205,8 +205,11 @@ class Consumer(ClientBase):
                     self._buffered_bytes -= len(msg.data)
                     return msg
                 if self.status is Status.CLOSED or self.status is Status.NEW:
-                    raise ClientClosedError("the consumer is closed" if self.status is Status.CLOSED else
-                                            "the consumer is not started (use 'async with' or start())")
+                    raise ClientClosedError(
+                        "the consumer is closed"
+                        if self.status is Status.CLOSED
+                        else "the consumer is not started (use 'async with' or start())"
+                    )
                 self._ready.clear()
                 await self._ready.wait()
 

@@ -101,4 +101,3 @@ FAST = SwimConfig(
     reconnect_interval_s=3.0,
 )
 PROFILES: dict[str, SwimConfig] = {"lan": LAN, "fast": FAST}
-

@@ -144,8 +144,9 @@ async def messages(request: web.Request) -> web.Response:
         context["form"], context["data"] = form, data
         context["page_query"] = lambda n: urlencode({**form, "size": data["size"], "page": n})
     except BadRequestError as exc:
-        context["form"] = {k: request.query.get(k, "")[:255] for k in ("start", "end", "topic", "group",
-                                                                         "status", "code")}
+        context["form"] = {
+            k: request.query.get(k, "")[:255] for k in ("start", "end", "topic", "group", "status", "code")
+        }
         context["data"], context["error"] = None, exc.message
         return _render(request, "messages.html", context, status=400)
     return _render(request, "messages.html", context)

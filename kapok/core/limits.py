@@ -101,4 +101,3 @@ class DedupWindow:
     def items(self) -> list[tuple[float, str, str, str]]:
         """``(added_at, topic, dedup_id, code)`` for every live entry (snapshots)."""
         return [(t, k[0], k[1], self._codes[k]) for t, k in self._order if k in self._codes]
-

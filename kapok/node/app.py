@@ -126,8 +126,16 @@ def make_app(
     )
     app.cleanup_ctx.append(sync.replication_ctx)  # after gossip: the first role may depend on it
     app.on_shutdown.append(_close_connections)
-    for table in (compat.routes, compat_console.routes, v1_ws.routes, v1_http.routes, ops.routes,
-                  cluster_view.routes, sync.routes, openapi.routes):
+    for table in (
+        compat.routes,
+        compat_console.routes,
+        v1_ws.routes,
+        v1_http.routes,
+        ops.routes,
+        cluster_view.routes,
+        sync.routes,
+        openapi.routes,
+    ):
         _add_routes(app, table)
     setup_console(app)  # GET / and /console/...
     return app

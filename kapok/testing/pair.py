@@ -58,4 +58,3 @@ def state_of(node: NodeProcess | str) -> dict[str, Any]:
     """``GET /replication/state`` of a node; {} when it does not answer."""
     state: dict[str, Any] = get_json(node, "/replication/state") or {}
     return state
-

@@ -69,7 +69,10 @@ def test_r2_new_node_joins_through_one_seed(cluster: list[NodeProcess], tmp_path
 def test_cli_prints_the_gossip_view(cluster: list[NodeProcess]) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "kapok", "cluster", "nodes", "--seed", cluster[0].url],
-        capture_output=True, text=True, timeout=30, check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
     ).stdout
     rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
     assert set(rows) == {_name(n) for n in cluster}

@@ -182,7 +182,7 @@ async def test_a_message_shows_its_history_from_the_archive(
 ) -> None:
     node = await start()
     console = await logged_in(http, node)
-    _, body = await v1(http, node, "POST", "/v1/topics/h/messages", {"data": "{\"a\": 1}"})
+    _, body = await v1(http, node, "POST", "/v1/topics/h/messages", {"data": '{"a": 1}'})
     (code,) = body["codes"]
     await v1(http, node, "GET", "/v1/topics/h/messages?max=1")
     await v1(http, node, "POST", "/v1/topics/h/ack", {"codes": [code]})

@@ -63,10 +63,14 @@ async def browser(node: InProcessNode) -> AsyncIterator[Browser]:
 
 
 async def publish(node: InProcessNode, topic: str, data: str, **fields: Any) -> str:
-    async with aiohttp.ClientSession() as session, session.post(
-        f"{node.url}/v1/topics/{topic}/messages", json={"data": data, **fields},
-        headers={"Authorization": f"Bearer {KEY}"},
-    ) as resp:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{node.url}/v1/topics/{topic}/messages",
+            json={"data": data, **fields},
+            headers={"Authorization": f"Bearer {KEY}"},
+        ) as resp,
+    ):
         assert resp.status == 200, await resp.text()
         (code,) = (await resp.json())["codes"]
         return str(code)

@@ -111,9 +111,11 @@ async def test_garbage_datagrams_and_streams_are_counted_and_the_node_keeps_work
     assert a.swim is not None
     swim = a.swim
     await eventually(
-        lambda: sum(n for k, n in swim.stats.items() if k.startswith("drop_")) >= 4  # 3 datagrams, 1 stream
-        and a.stats["stream_errors_in"] >= 2
-        and a.stats["streams_too_large"] == 1,
+        lambda: (
+            sum(n for k, n in swim.stats.items() if k.startswith("drop_")) >= 4  # 3 datagrams, 1 stream
+            and a.stats["stream_errors_in"] >= 2
+            and a.stats["streams_too_large"] == 1
+        ),
         timeout_s=T,
         what=f"drops and stream errors counted: {swim.stats} {a.stats}",
     )
@@ -142,8 +144,9 @@ async def test_nodes_serve_the_gossip_view_and_the_kapokmq_node_lists(
 
     port_a, app_a = await node("a")
     seed = app_a[GOSSIP].addr
-    port_b, app_b = await node("b", f"cluster.seeds=[{seed}]", "replication.role=slave",
-                               "replication.master=http://127.0.0.1:1")
+    port_b, app_b = await node(
+        "b", f"cluster.seeds=[{seed}]", "replication.role=slave", "replication.master=http://127.0.0.1:1"
+    )
     await eventually(lambda: len(app_a[GOSSIP].members()) == 2 == len(app_b[GOSSIP].members()), timeout_s=T)
 
     async with aiohttp.ClientSession() as http:

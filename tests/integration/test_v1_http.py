@@ -132,9 +132,7 @@ async def test_pull_leases_messages(http: Http, clock: ManualClock) -> None:
     assert [m["code"] for m in await http.pull("jobs", max=5)] == codes
 
 
-async def test_unacked_lease_expires_and_comes_back(
-    http: Http, timed_node: Any, clock: ManualClock
-) -> None:
+async def test_unacked_lease_expires_and_comes_back(http: Http, timed_node: Any, clock: ManualClock) -> None:
     (code,) = await http.publish("lease", "x")
     (m,) = await http.pull("lease", lease_s=2)
     assert m["code"] == code and m["attempts"] == 1

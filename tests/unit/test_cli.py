@@ -188,16 +188,49 @@ def test_replication_commands_report_one_clear_line(capsys: pytest.CaptureFixtur
 
 def test_cluster_nodes_table() -> None:
     rows = [
-        {"name": "b", "state": "dead", "incarnation": 2, "role": "master", "active": True, "pair": None,
-         "epoch": 1, "http_url": "http://b", "gossip_addr": "b:1", "version": "1", "load": 0.0,
-         "self": False},
-        {"name": "a", "state": "alive", "incarnation": 0, "role": "slave", "active": False, "pair": "b",
-         "epoch": 1, "http_url": "http://a", "gossip_addr": "a:1", "version": "1", "load": 3.0,
-         "self": True},
+        {
+            "name": "b",
+            "state": "dead",
+            "incarnation": 2,
+            "role": "master",
+            "active": True,
+            "pair": None,
+            "epoch": 1,
+            "http_url": "http://b",
+            "gossip_addr": "b:1",
+            "version": "1",
+            "load": 0.0,
+            "self": False,
+        },
+        {
+            "name": "a",
+            "state": "alive",
+            "incarnation": 0,
+            "role": "slave",
+            "active": False,
+            "pair": "b",
+            "epoch": 1,
+            "http_url": "http://a",
+            "gossip_addr": "a:1",
+            "version": "1",
+            "load": 3.0,
+            "self": True,
+        },
     ]
     lines = nodes_table(rows).splitlines()
-    assert lines[0].split() == ["name", "state", "incarnation", "role", "active", "pair", "epoch", "http_url",
-                                "gossip_addr", "version", "load"]
+    assert lines[0].split() == [
+        "name",
+        "state",
+        "incarnation",
+        "role",
+        "active",
+        "pair",
+        "epoch",
+        "http_url",
+        "gossip_addr",
+        "version",
+        "load",
+    ]
     assert lines[1].split() == ["b", "dead", "2", "master", "True", "-", "1", "http://b", "b:1", "1", "0.0"]
     second = ["a", "*", "alive", "0", "slave", "False", "b", "1", "http://a", "a:1", "1", "3.0"]
     assert lines[2].split() == second
