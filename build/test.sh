@@ -33,8 +33,10 @@ fi
 # --- checks ----------------------------------------------------------------------------
 echo "== ruff check"
 .venv/bin/ruff check kapok tests
+echo "== ruff format"
+.venv/bin/ruff format --check kapok tests
 echo "== mypy (strict, settings in pyproject.toml)"
-.venv/bin/mypy kapok
+.venv/bin/mypy kapok tests
 echo "== pytest"
 if (($#)); then
     exec .venv/bin/pytest "$@"

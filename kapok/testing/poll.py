@@ -12,11 +12,33 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeVar, overload
 
 __all__ = ["eventually"]
 
 T = TypeVar("T")
+
+
+# Two overloads, async check first: against the one signature
+# ``Callable[[], T | Awaitable[T]]`` mypy cannot solve T for an async check.
+@overload
+async def eventually(
+    check: Callable[[], Awaitable[T]],
+    *,
+    timeout_s: float = ...,
+    what: str = ...,
+    interval_s: float = ...,
+) -> T: ...
+
+
+@overload
+async def eventually(
+    check: Callable[[], T],
+    *,
+    timeout_s: float = ...,
+    what: str = ...,
+    interval_s: float = ...,
+) -> T: ...
 
 
 async def eventually(

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Page, Playwright, sync_playwright
+from playwright.sync_api import Browser, Page, Playwright, ViewportSize, sync_playwright
 
 from kapok.launch import NodeProcess, cluster_sets, start_node
 
 KEY = "console-key-5b1f9e"  # distinctive, so a test can look for it in every response
 OUTPUT = Path(__file__).resolve().parents[2] / ".test-output" / "browser"
-DESKTOP = {"width": 1280, "height": 900}
+DESKTOP: ViewportSize = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 from tests.chisquare import chi_square_uniform_p
@@ -182,7 +183,12 @@ class _Traffic:
         assert not doubles, [(p, [(c, self.origin.get(c)) for c in codes]) for p, codes in doubles[:3]]
 
 
-FAST = {"backoff_cap_s": 0.5, "refresh_interval_s": 0.5}
+class Backoff(TypedDict):
+    backoff_cap_s: float
+    refresh_interval_s: float
+
+
+FAST: Backoff = {"backoff_cap_s": 0.5, "refresh_interval_s": 0.5}
 
 
 async def test_kill_9_a_master_while_publishing(tmp_path: Path) -> None:

@@ -194,7 +194,7 @@ def test_an_isolated_master_is_fenced_the_slave_takes_over_and_the_heal_loses_no
         confirmed |= set(body["codes"])
         fault_files["master"].write_text("{}")
         # Healed: the old master steps down, catches up, and (give_back) leads again at epoch 3.
-        wait_for(lambda: _health(master.url).get("epoch") == 3 and _health(master.url).get("active"),
+        wait_for(lambda: _health(master.url).get("epoch") == 3 and bool(_health(master.url).get("active")),
                  DEADLINE_S, 0.1)  # fmt: skip
         wait_for(lambda: _health(slave.url).get("role") == "slave", DEADLINE_S, 0.05)
         received = {m["code"] for m in drain(master.url)}

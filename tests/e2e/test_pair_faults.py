@@ -297,7 +297,11 @@ def test_three_pauses_of_the_master_leave_one_leader_one_follower_and_nothing_st
                 # Settled: one active node, its partner following it, in sync, taking writes.
                 wait_for(lambda: len(_active(pair)) == 1 and _in_sync(pair), 2 * DEADLINE_S, 0.1)
                 more = history.check().confirmed + 20
-                wait_for(lambda n=more: history.check().confirmed >= n, DEADLINE_S, 0.05)
+
+                def twenty_more(n: int = more) -> bool:
+                    return history.check().confirmed >= n
+
+                wait_for(twenty_more, DEADLINE_S, 0.05)
         report = watcher.report()
         assert report.overlap_count == 0, report.overlaps
         (active,) = _active(pair)

@@ -16,6 +16,7 @@ import aiohttp
 import aiohttp._websocket.helpers
 import pytest
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from kapok.cli import main
 from kapok.config import load_config
@@ -58,7 +59,7 @@ async def test_a_node_refuses_to_start_without_the_masking_hook(
 ) -> None:
     config = load_config(None, overrides=[f"storage.dir={tmp_path}"], env={})
     runner = web.AppRunner(make_app(config))
-    monkeypatch.delattr(aiohttp_seam.RequestHandler, "_payload_parser")
+    monkeypatch.delattr(RequestHandler, "_payload_parser")
     try:
         with pytest.raises(ConfigError, match=MASKING):
             await runner.setup()  # the guard's context comes first: nothing else started

@@ -74,7 +74,7 @@ async def test_every_lifecycle_event_reaches_the_archive(tmp_path: Path) -> None
         timeout_s=T,
         what="the archiver's lower priority",
     )
-    service.ack(consumer.id, [e.code for e in sink.entries])
+    service.ack(consumer.id, [e.msg.code for e in sink.entries])
     await service.aclose()  # ends the pipe; the child writes everything out before it exits
 
     events = _events(tmp_path / "archive")

@@ -130,7 +130,7 @@ async def test_send_is_delivered_to_ws_consumer(node: Any, session: aiohttp.Clie
         await ws.send_str(code)
 
         async def consumed() -> bool:
-            return (await console(session, node, "GetMessage", messageCode=code))["data"]["Status"] == 1
+            return bool((await console(session, node, "GetMessage", messageCode=code))["data"]["Status"] == 1)
 
         await eventually(consumed, what="the ack applied")
 
@@ -293,7 +293,9 @@ async def _three_states(session: aiohttp.ClientSession, node: Any) -> dict[str, 
         await ws.send_str(pending)
 
         async def consumed() -> bool:
-            return (await console(session, node, "GetMessage", messageCode=pending))["data"]["Status"] == 1
+            return bool(
+                (await console(session, node, "GetMessage", messageCode=pending))["data"]["Status"] == 1
+            )
 
         await eventually(consumed, what="the ack applied")
     fresh = await send(session, node, "fresh")  # pending, newest

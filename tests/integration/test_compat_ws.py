@@ -426,7 +426,7 @@ async def test_consumer_push_shape_and_ack(
         await cons.send_str(code)  # the ack is the raw code, no JSON
 
         async def consumed() -> bool:
-            return (await get_message(session, node, code))["Status"] == 1
+            return bool((await get_message(session, node, code))["Status"] == 1)
 
         await eventually(consumed, what="message consumed after ack")
         full = await get_message(session, node, code)
@@ -508,7 +508,7 @@ async def test_ack_timeout_redelivers(
         await cons.send_str(second["MessageCode"])
 
         async def consumed() -> bool:
-            return (await get_message(session, node, first["MessageCode"]))["Status"] == 1
+            return bool((await get_message(session, node, first["MessageCode"]))["Status"] == 1)
 
         await eventually(consumed, what="consumed after ack of the redelivery")
         full = await get_message(session, node, first["MessageCode"])
@@ -580,7 +580,7 @@ async def test_pubsub_every_consumer_gets_every_message_and_acks_separately(
         await b.send_str(code)
 
         async def consumed() -> bool:
-            return (await get_message(session, node, code))["Status"] == 1
+            return bool((await get_message(session, node, code))["Status"] == 1)
 
         await eventually(consumed, what="consumed once both subscribers acked")
         assert (await get_message(session, node, code))["ConsumedTime"] > 0

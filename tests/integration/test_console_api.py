@@ -233,7 +233,7 @@ async def test_cluster_pairs_masters_and_slaves_with_their_lag(
     node = await start()
     console = await logged_in(http, node)
     lag = {"records": 12, "bytes": 3072, "seconds": 1.5}
-    rows = [
+    rows: list[dict[str, object]] = [
         {"name": "m1", "http_url": "http://10.0.0.1:8011", "state": "alive", "role": "master", "pair": "s1",
          "pair_id": "m1", "epoch": 2, "incarnation": 4, "active": True, "load": 3.0, "version": "0.2",
          "self": False, "alone_since": None},

@@ -154,6 +154,7 @@ async def test_a_slave_out_of_the_backlog_gets_a_full_transfer(
         codes += (await publish(session, master, *[big] * 10))["codes"]
     slave = await start("s", "replication.role=slave", f"replication.master={master.url}", *sets)
     leader = master.replication.leader
+    assert leader is not None
     await eventually(lambda: leader.link_up and leader.caught_up(), timeout_s=T, what="the slave catching up")
     assert leader.full_transfers == 1 and leader.resumes == 1
     assert all(code in slave.broker.messages for code in codes)

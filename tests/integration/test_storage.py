@@ -248,6 +248,7 @@ class RawRequest(asyncio.Protocol):
 
     @classmethod
     async def post(cls, node: Node, path: str, body: bytes, headers: dict[str, str]) -> RawRequest:
+        assert node.server.port is not None
         transport, request = await asyncio.get_running_loop().create_connection(
             cls, "127.0.0.1", node.server.port
         )

@@ -374,6 +374,7 @@ async def test_auto_ack_consumes_without_acks(
 
     for code in codes:
         body = await eventually(functools.partial(consumed, code), what=f"{code} consumed")
+        assert body is not None  # eventually returns only a true result
         assert body["finished_at"]
     # Acking an auto-acked message is an unknown code: nothing is held.
     err = await c.request("ack", sub=sub, codes=[codes[0]])

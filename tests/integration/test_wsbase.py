@@ -23,7 +23,7 @@ from kapok.testing import eventually
 
 
 async def test_messages_finds_aiohttp_parsed_frame_queue_and_reads_a_burst_in_order(
-    aiohttp_client: Callable[[web.Application], Awaitable[TestClient]],
+    aiohttp_client: Callable[[web.Application], Awaitable[TestClient[web.Request, web.Application]]],
 ) -> None:
     seen: list[str] = []
     queue_shapes: list[bool] = []
@@ -54,7 +54,7 @@ async def test_messages_finds_aiohttp_parsed_frame_queue_and_reads_a_burst_in_or
 
 
 async def test_require_masked_frames_finds_aiohttp_reader_and_frame_queue(
-    aiohttp_client: Callable[[web.Application], Awaitable[TestClient]],
+    aiohttp_client: Callable[[web.Application], Awaitable[TestClient[web.Request, web.Application]]],
 ) -> None:
     """``wsmask.require_masked_frames`` wraps aiohttp's reader by two private names; it says
     when it cannot, and then unmasked frames would pass unnoticed."""

@@ -99,7 +99,7 @@ async def test_fast_reader_is_installed_on_kapokmq_sockets(node: Any) -> None:
         original(self, *args)
         seen.append(self)
 
-    FastResponse._post_start = spy  # type: ignore[method-assign]
+    FastResponse._post_start = spy  # type: ignore[method-assign, assignment]  # a spy for the method
     try:
         async with raw(node, "/Producers/Conn/jobs/p1") as client:
             client.send(frame(TEXT, GOOD))

@@ -160,9 +160,9 @@ def check_output(spark: SparkSession, output: Path, want: Expected) -> dict[str,
     }
     want_daily = want.daily()
     assert set(daily) == set(want_daily)
-    for key, row in daily.items():
-        check_counts(row, want_daily[key], names)
-        assert row["redelivery_ratio"] == pytest.approx(_ratio(want_daily[key]))
+    for topic_day, row in daily.items():
+        check_counts(row, want_daily[topic_day], names)
+        assert row["redelivery_ratio"] == pytest.approx(_ratio(want_daily[topic_day]))
 
     summary: dict[str, Any] = json.loads((output / "summary.json").read_text())
     assert set(summary) == {"generated_at", "topics", "days"}

@@ -57,7 +57,7 @@ def leaf_paths(tree: dict[str, object], prefix: str = "") -> set[str]:
 
 # --- defaults ---------------------------------------------------------------------------
 
-EXPECTED_DEFAULTS = {
+EXPECTED_DEFAULTS: dict[str, object] = {
     "server.host": "127.0.0.1",
     "server.port": 8011,
     "server.name": "",
@@ -524,7 +524,7 @@ def test_exposed_node_with_real_key_starts() -> None:
 def test_wildcard_gossip_bind_needs_an_advertised_address() -> None:
     message = error_of("cluster.enabled=true", "cluster.bind=0.0.0.0:8021", "cluster.secret=k")
     assert message.startswith("cluster.advertise: required when cluster.bind is a wildcard address")
-    sets = ("cluster.enabled=true", "cluster.bind=[::]:8021", "cluster.secret=k")
+    sets: tuple[str, ...] = ("cluster.enabled=true", "cluster.bind=[::]:8021", "cluster.secret=k")
     sets += ("cluster.advertise=10.0.0.1:8021",)
     assert load(*sets).cluster.advertise == "10.0.0.1:8021"
 

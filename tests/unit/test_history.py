@@ -166,7 +166,7 @@ def test_a_gap_runs_from_the_last_active_poll_to_the_next() -> None:
     log.observe(2.0, {A: down(2), B: down(2)})
     log.observe(2.2, {A: up(3), B: down(3)})
     report = log.report()
-    assert report.longest_gap_s == (pytest.approx(0.6),)
+    assert report.longest_gap_s == pytest.approx((0.6,))
     assert dict(report.answered) == {A: 3, B: 7}
     assert report.last[A] == up(3)
 

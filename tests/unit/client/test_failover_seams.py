@@ -10,13 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any
+from typing import Any, TypedDict
 
 from tests.unit.client.fakes import SEED, FakeCluster
 
 from kapok.client import Consumer, Producer
 
-FAST = {"backoff_base_s": 0.01, "backoff_cap_s": 0.05, "refresh_interval_s": 0.1}
+
+class Backoff(TypedDict):
+    backoff_base_s: float
+    backoff_cap_s: float
+    refresh_interval_s: float
+
+
+FAST: Backoff = {"backoff_base_s": 0.01, "backoff_cap_s": 0.05, "refresh_interval_s": 0.1}
 
 
 def _pair_cluster() -> FakeCluster:

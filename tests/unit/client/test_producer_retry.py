@@ -7,7 +7,7 @@ import asyncio
 import collections
 import re
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 from tests.unit.client.fakes import SEED, FakeCluster
@@ -15,7 +15,14 @@ from tests.unit.client.fakes import SEED, FakeCluster
 from kapok.client import Producer, Status
 from kapok.errors import BadRequestError, UnavailableError
 
-FAST = {"backoff_base_s": 0.01, "backoff_cap_s": 0.05, "refresh_interval_s": 0.1}
+
+class Backoff(TypedDict):
+    backoff_base_s: float
+    backoff_cap_s: float
+    refresh_interval_s: float
+
+
+FAST: Backoff = {"backoff_base_s": 0.01, "backoff_cap_s": 0.05, "refresh_interval_s": 0.1}
 
 
 def _producer(cluster: FakeCluster, **options: Any) -> Producer:

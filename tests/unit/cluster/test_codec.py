@@ -169,12 +169,18 @@ def test_ping_sends_its_stream_reply_address_only_when_it_has_one() -> None:
     assert Codec().decode(_plain(b'[[0,1,"a","b","b:1"]]')) == (Ping(1, "a", "b", "b:1"),)
 
 
+def _decoded(data: bytes) -> tuple[Message, ...]:
+    result = Codec().decode(data)
+    assert not isinstance(result, DecodeError), result
+    return result
+
+
 def test_meta_of_a_first_version_node_reads_with_defaults() -> None:
     # Nodes before replication sent five meta fields: an old master is active, epoch 0.
-    (alive,) = Codec().decode(_plain(b'[[4,3,"a","a:1",["http://a","master",null,"v",1.5]]]'))
+    (alive,) = _decoded(_plain(b'[[4,3,"a","a:1",["http://a","master",null,"v",1.5]]]'))
     assert isinstance(alive, Alive)
     assert alive.meta == NodeMeta("a", "http://a", "master", None, "v", 1.5, 0, True, None, "")
-    (alive,) = Codec().decode(_plain(b'[[4,3,"b","b:1",["http://b","slave","a","v",0]]]'))
+    (alive,) = _decoded(_plain(b'[[4,3,"b","b:1",["http://b","slave","a","v",0]]]'))
     assert isinstance(alive, Alive) and alive.meta.active is False
 
 

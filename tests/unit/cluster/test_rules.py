@@ -61,7 +61,7 @@ def queued(swim: Swim, name: str) -> bool:
 
 
 def with_peers(*names: str, **kw: object) -> Swim:
-    swim = node(**kw)
+    swim = node("me", **kw)
     feed(swim, *(alive(n, 1) for n in names), now=0.5)
     swim.table.queue.clear()
     return swim

@@ -227,6 +227,7 @@ def test_helper_relays_the_ack_or_answers_a_nack() -> None:
     assert sends(helper.handle_packet([Ack(ping.seq)], "t:1", 10.1)) == [("a:1", (Ack(41),))]
     # a second request whose target stays silent: nack after 80 % of the probe timeout
     [(_, (ping2,))] = sends(helper.handle_packet([IndirectPing(42, "t", "t:1", True)], "a:1", 20.0))
+    assert isinstance(ping2, Ping)
     nack_at = 20.0 + 0.8 * LAN.probe_timeout_s
     assert helper.next_deadline() <= nack_at
     assert sends(helper.tick(nack_at - 0.01)) == []

@@ -421,8 +421,8 @@ class BrokerMachine(RuleBasedStateMachine):
             msg = b.messages[code]
             for g, durable in groups.items():
                 if durable:
-                    e: Entry = msg.entries[g]
-                    assert e.status in (Status.CONSUMED, Status.DEAD), f"{code}/{g} ended {e.status}"
+                    entry: Entry = msg.entries[g]
+                    assert entry.status in (Status.CONSUMED, Status.DEAD), f"{code}/{g} ended {entry.status}"
 
 
 BrokerMachine.TestCase.settings = settings(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TypedDict
 
 import pytest
 
@@ -31,7 +32,19 @@ FOLLOWING = Facts(
     in_sync=True,
 )  # fmt: skip
 LEADING = replace(FOLLOWING, role=Role.LEADER, partner_active=False, in_sync=False)
-GONE = {"link_up": False, "link_silent_s": 5.0, "partner_alive": False}  # the partner, as a node sees it
+
+
+class Gone(TypedDict):
+    link_up: bool
+    link_silent_s: float
+    partner_alive: bool
+
+
+GONE: Gone = {
+    "link_up": False,
+    "link_silent_s": 5.0,
+    "partner_alive": False,
+}  # the partner, as a node sees it
 
 
 @pytest.mark.parametrize(

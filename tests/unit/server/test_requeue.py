@@ -6,6 +6,7 @@ import pytest
 
 from kapok.config import Config
 from kapok.core.broker import Broker, Settle
+from kapok.core.changes import Settled
 from kapok.core.model import Draft, Status
 from kapok.errors import BadRequestError, BrokerError, NotFoundError
 from kapok.server.service import BrokerService
@@ -32,7 +33,7 @@ def test_finish_settles_every_open_entry_wherever_it_is() -> None:
         assert msg.status is Status.CONSUMED and not msg.live
     assert not consumer.held and broker.topics["t"].delayed_count == 0
     assert broker.topics["t"].live_count == 0
-    settled = [(c.code, c.reason) for c in broker.take_changes() if type(c).__name__ == "Settled"]
+    settled = [(c.code, c.reason) for c in broker.take_changes() if isinstance(c, Settled)]
     assert settled == [(held, "requeued"), (delayed, "requeued"), (waiting, "requeued")]
     assert not broker.finish(held, "again", T0 + 2)  # already finished
     assert not broker.finish("0" * 32, "x", T0)

@@ -23,7 +23,6 @@ from kapok.config import load_config
 from kapok.core.broker import Broker
 from kapok.core.changes import Change, GroupCreated
 from kapok.errors import StorageError
-from kapok.storage import wal as wal_module
 from kapok.storage.disk import DiskStore
 from kapok.storage.records import FrameReader, encode_batch, encode_payload
 from kapok.storage.wal import WriteAheadLog, list_segments, segment_path
@@ -54,8 +53,8 @@ class _Disk:
         self.full = False
         self.refused = 0
         self._writev, self._write = os.writev, os.write
-        monkeypatch.setattr(wal_module.os, "writev", self.writev)
-        monkeypatch.setattr(wal_module.os, "write", self.write)
+        monkeypatch.setattr("kapok.storage.wal.os.writev", self.writev)
+        monkeypatch.setattr("kapok.storage.wal.os.write", self.write)
 
     def writev(self, fd: int, buffers: list[bytes]) -> int:
         if not self.full:

@@ -141,13 +141,13 @@ async def test_concurrent_appends_keep_the_log_in_order_across_segments(tmp_path
 def writers(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the threads that write to the log, in order."""
     names: list[str] = []
-    real_writev = wal_module.os.writev
+    real_writev = os.writev  # the module kapok.storage.wal imports
 
     def writev(fd: int, parts: list[bytes]) -> int:
         names.append(threading.current_thread().name)
         return real_writev(fd, parts)
 
-    monkeypatch.setattr(wal_module.os, "writev", writev)
+    monkeypatch.setattr("kapok.storage.wal.os.writev", writev)
     return names
 
 
