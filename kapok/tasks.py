@@ -6,13 +6,8 @@ stopping its task must therefore *await* the task first, or the task's clean-up 
 later, against things that are already closed.
 
 Awaiting a task that ends cancelled raises ``CancelledError`` in the awaiting task as
-well, and the owner swallows that one: it asked for it. But the owner may itself be
-cancelled while it waits (a shutdown with a time-out, a cancelled request handler), and
-that ``CancelledError`` must go on, or the cancel is lost: the owner carries on as if
-nothing happened, and a time-out around it never fires. Both arrive as the same
-exception; the owner's own cancel is told apart by ``Task.cancelling()``, which counts the
-cancels requested of the awaiting task and rises while it waits only if it was cancelled
-meanwhile.
+well, and the owner swallows it: it asked for it. ``cancel_and_wait`` also absorbs a cancel
+of the owner that arrives while it waits, so that the rest of the close runs (see there).
 
 A task nobody waits for (a pong, a close in the background) still needs a reference: the
 event loop keeps only a weak one, so an unreferenced task can be garbage-collected before
@@ -22,6 +17,7 @@ it has finished. ``spawn`` keeps it until it is done.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -48,24 +44,17 @@ def spawn(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
 async def cancel_and_wait(task: asyncio.Future[Any] | None) -> None:
     """Cancel ``task`` and wait until it has ended; None and a finished task are fine.
 
-    The task's own ``CancelledError`` is swallowed; any other exception it ended with is
-    raised here. If the caller is cancelled while it waits, ``CancelledError`` is raised.
+    Its ``CancelledError`` is swallowed, and so is one aimed at the caller while it waits:
+    every caller is a close path, and what it does after this (free a queue, cancel a
+    heartbeat timer, close a file) must run even when its own task is being cancelled —
+    a close that stops half-way leaks exactly what it was there to free. Any other
+    exception the task ended with is raised here.
     """
     if task is None:
         return
     task.cancel()
-    current = asyncio.current_task()
-    before = current.cancelling() if current is not None else 0
-    try:
+    with contextlib.suppress(asyncio.CancelledError):
         await task
-    except asyncio.CancelledError:
-        if current is not None and current.cancelling() > before:
-            raise  # the caller was cancelled too, not only the task
-        return
-    if current is not None and current.cancelling() > before:
-        # The task swallowed the cancel (passed on to it from the caller) and ended
-        # normally: the caller's cancel still stands.
-        raise asyncio.CancelledError
 
 
 async def cancel_all(*tasks: asyncio.Future[Any]) -> None:
