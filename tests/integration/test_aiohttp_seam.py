@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+import kapok.logs
 from kapok.cli import main
 from kapok.config import load_config
 from kapok.errors import ConfigError
@@ -72,6 +73,12 @@ def test_kapok_serve_exits_with_one_line_naming_the_hook(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delattr(web.WebSocketResponse, "_reader")
+    # `serve` sets up logging for the process (a handler on stderr): give it back afterwards,
+    # or every later test's captured stderr holds log lines.
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
+    monkeypatch.setattr(kapok.logs, "_handler", None)
     code = main(["serve", "--set", f"storage.dir={tmp_path}", "--set", "server.port=0"])
     out, err = capsys.readouterr()
     assert code != 0
