@@ -314,6 +314,7 @@ class Follower:
                 ) from None
             if frame is None:
                 return
+            bar = session.catch_up_to
             for effect in session.receive(frame, loop_time()):
                 if isinstance(effect, Append):
                     if wal.full:  # the disk is full: take nothing more until the WAL writes again
@@ -325,7 +326,8 @@ class Follower:
                         mirror.apply(record)
                 else:
                     await self._hand_over(link, effect)
-            self._ack_wake.set()  # a first ping may have set the bar for in-sync
+            if session.catch_up_to != bar:  # the first ping set the bar for in-sync: look now
+                self._ack_wake.set()
             now = loop_time()  # pings come every heartbeat: an idle mirror is pruned too
             if now - pruned >= PRUNE_EVERY_S or mirror.over_retention:
                 pruned = now
