@@ -84,17 +84,23 @@ def spawn_group(
     return proc
 
 
-def group_members(pgid: int) -> list[int]:
-    """PIDs of the live (not zombie) processes in group ``pgid``. Zombies are left out: an
-    orphan is reaped by whoever PID 1 is, and in some containers that is never."""
-    members: list[int] = []
+def _live_groups() -> dict[int, list[int]]:
+    """Every process group with a live (not zombie) process: group id → PIDs, from one walk
+    of the process table. Zombies are left out: an orphan is reaped by whoever PID 1 is, and
+    in some containers that is never."""
+    groups: dict[int, list[int]] = {}
     for proc in psutil.process_iter(["status"]):
         try:
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.pid) == pgid:
-                members.append(proc.pid)
+            if proc.info["status"] != psutil.STATUS_ZOMBIE:
+                groups.setdefault(os.getpgid(proc.pid), []).append(proc.pid)
         except (OSError, psutil.Error):  # gone meanwhile
             continue
-    return members
+    return groups
+
+
+def group_members(pgid: int) -> list[int]:
+    """PIDs of the live (not zombie) processes in group ``pgid``."""
+    return _live_groups().get(pgid, [])
 
 
 def kill_group(pgid: int, timeout_s: float = GROUP_EXIT_S) -> bool:
@@ -117,7 +123,8 @@ def live_groups() -> dict[int, str]:
     """The registered groups that still have a live process: group id → command line."""
     with _groups_lock:
         registered = dict(_groups)
-    return {pgid: cmd for pgid, cmd in registered.items() if group_members(pgid)}
+    alive = _live_groups()
+    return {pgid: cmd for pgid, cmd in registered.items() if pgid in alive}
 
 
 def reap_groups(pgids: Collection[int] | None = None) -> dict[int, str]:
@@ -177,12 +184,10 @@ class NodeProcess:
         node is gone (it exited without stopping a child) is killed, not left as an orphan."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                kill_group(self.pid)
-                self.proc.wait(timeout_s)
-        kill_group(self.pid)
+        kill_group(self.pid)  # a node that did not stop, and whatever it left of its group
+        self.proc.wait(timeout_s)
         self._reader.join(timeout_s)
         return self.proc.returncode
 
