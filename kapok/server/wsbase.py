@@ -77,22 +77,14 @@ async def open_ws(
         await outbox.aclose()
         if not ws.closed:
             await ws.close(code=WSCloseCode.GOING_AWAY)
-        _disarm_heartbeat(ws)
-        asyncio.get_running_loop().call_soon(_disarm_heartbeat, ws)
-
-
-def _disarm_heartbeat(ws: web.WebSocketResponse) -> None:
-    """Cancel a closed WebSocket's heartbeat timer.
-
-    aiohttp (3.14) re-arms the heartbeat when a frame arrives while the socket closes
-    (typically the peer's own close frame), after it has cancelled it. The timer then
-    keeps the whole connection (its protocol, request, reader and buffers: about 10 KB)
-    alive for ``heartbeat_s`` after it ended: 5,000 refused handshakes a minute held
-    ~50 MB for half a minute, which the allocator did not give back. It was neither a
-    leak nor the collector being late (``gc.collect()`` freed nothing of it): the event
-    loop's timer heap held it. A private name of aiohttp's: ``aiohttp_seam.cancel_heartbeat``.
-    """
-    cancel_heartbeat(ws)
+        # aiohttp (3.14) re-arms the heartbeat when a frame arrives while the socket closes
+        # (typically the peer's own close frame), after it has cancelled it. The timer then
+        # keeps the whole connection (its protocol, request, reader and buffers: about 10 KB)
+        # alive for heartbeat_s after it ended: 5,000 refused handshakes a minute held ~50 MB
+        # for half a minute. It is cancelled now, and once more after a frame that may still
+        # be on its way re-armed it.
+        cancel_heartbeat(ws)
+        asyncio.get_running_loop().call_soon(cancel_heartbeat, ws)
 
 
 async def messages(ws: web.WebSocketResponse) -> AsyncIterator[WSMessage]:
