@@ -18,31 +18,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.unit.storage.walfiles import make_records, read_log
 
 from kapok.config import load_config
 from kapok.core.broker import Broker
-from kapok.core.changes import Change, GroupCreated
 from kapok.errors import StorageError
 from kapok.storage.disk import DiskStore
-from kapok.storage.records import FrameReader, encode_batch, encode_payload
-from kapok.storage.wal import WriteAheadLog, list_segments, segment_path
+from kapok.storage.records import encode_batch, encode_payload
+from kapok.storage.wal import WriteAheadLog, segment_path
 from kapok.testing import eventually
 
 T = 10.0  # upper bound of every wait
-
-
-def _records(n: int, start: int = 0) -> list[Change]:
-    return [GroupCreated("t", f"g{i}", float(i)) for i in range(start, start + n)]
-
-
-def _read_log(directory: Path) -> list[Change]:
-    """Every record of the log; each segment must end on a whole frame."""
-    found: list[Change] = []
-    for segment in list_segments(directory):
-        reader = FrameReader(segment.path.read_bytes())
-        found.extend(reader)
-        assert reader.problem is None, (segment.path.name, reader.problem)
-    return found
 
 
 class _Disk:
@@ -85,13 +71,13 @@ async def test_a_slaves_batch_waits_for_space_and_is_written_once_it_is_freed(
     caplog.set_level(logging.INFO, "kapok.storage")
     wal = _wal(tmp_path, policy)
     wal.start(0)
-    await wal.append_encoded(encode_payload(_records(3)), 3)
+    await wal.append_encoded(encode_payload(make_records(3)), 3)
     disk.full = True
-    waiting = wal.append_encoded(encode_payload(_records(3, 3)), 3)
+    waiting = wal.append_encoded(encode_payload(make_records(3, 3)), 3)
     await eventually(lambda: wal.full and disk.refused >= 2, timeout_s=T, what="a retry on the full disk")
     # Nothing is acknowledged, the log is not failed, and no torn frame stays in the file.
     assert not waiting.done() and wal.failed is None
-    assert _read_log(tmp_path) == _records(3)
+    assert read_log(tmp_path) == make_records(3)
     assert wal.disk_full == 1
     space = asyncio.ensure_future(wal.wait_for_space())
     await asyncio.sleep(0)
@@ -100,9 +86,9 @@ async def test_a_slaves_batch_waits_for_space_and_is_written_once_it_is_freed(
     await asyncio.wait_for(waiting, T)
     await asyncio.wait_for(space, T)
     assert not wal.full
-    await wal.append_encoded(encode_payload(_records(1, 6)), 1)
+    await wal.append_encoded(encode_payload(make_records(1, 6)), 1)
     await wal.aclose()
-    assert _read_log(tmp_path) == _records(7)
+    assert read_log(tmp_path) == make_records(7)
     assert wal.disk_full == 1
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "disk full" in errors[0] and "LSN 3" in errors[0], errors
@@ -114,14 +100,14 @@ async def test_the_masters_own_records_still_fail_the_log_on_a_full_disk(tmp_pat
     # Its broker applied them already: the log cannot wait for space and take them back.
     wal = _wal(tmp_path, "always")
     wal.start(0)
-    await wal.append(_records(2))
+    await wal.append(make_records(2))
     disk.full = True
     with pytest.raises(StorageError, match="No space left"):
-        await asyncio.wait_for(wal.append(_records(2, 2)), T)
+        await asyncio.wait_for(wal.append(make_records(2, 2)), T)
     assert wal.failed is not None and wal.disk_full == 0
     disk.full = False
     await wal.aclose()
-    assert _read_log(tmp_path) == _records(2), "the half-written frame was cut off"
+    assert read_log(tmp_path) == make_records(2), "the half-written frame was cut off"
 
 
 async def test_closing_gives_up_the_wait_and_acknowledges_nothing(
@@ -130,15 +116,15 @@ async def test_closing_gives_up_the_wait_and_acknowledges_nothing(
     caplog.set_level(logging.INFO, "kapok.storage")
     wal = _wal(tmp_path, "always")
     wal.start(0)
-    await wal.append_encoded(encode_payload(_records(2)), 2)
+    await wal.append_encoded(encode_payload(make_records(2)), 2)
     disk.full = True
-    waiting = wal.append_encoded(encode_payload(_records(2, 2)), 2)
+    waiting = wal.append_encoded(encode_payload(make_records(2, 2)), 2)
     await eventually(lambda: wal.full, timeout_s=T, what="the wait for space")
     await asyncio.wait_for(wal.aclose(), T)
     assert waiting.done() and isinstance(waiting.exception(), StorageError)
     await asyncio.wait_for(wal.wait_for_space(), T)  # a waiter learns of the failure, never hangs
     disk.full = False
-    assert _read_log(tmp_path) == _records(2)
+    assert read_log(tmp_path) == make_records(2)
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "disk full" in errors[0], errors
     assert any("were not written" in r.getMessage() for r in caplog.records)
@@ -147,12 +133,12 @@ async def test_closing_gives_up_the_wait_and_acknowledges_nothing(
 async def test_write_now_leaves_a_slaves_batches_to_the_flusher(tmp_path: Path, disk: _Disk) -> None:
     wal = _wal(tmp_path, "never")
     wal.start(0)
-    await wal.append(_records(1))
-    pending = wal.append_encoded(encode_payload(_records(1, 1)), 1)
+    await wal.append(make_records(1))
+    pending = wal.append_encoded(encode_payload(make_records(1, 1)), 1)
     assert not wal.write_now()
     await asyncio.wait_for(pending, T)
     await wal.aclose()
-    assert _read_log(tmp_path) == _records(2)
+    assert read_log(tmp_path) == make_records(2)
 
 
 async def test_a_gap_between_two_segments_ends_the_log_there(tmp_path: Path) -> None:
@@ -162,8 +148,8 @@ async def test_a_gap_between_two_segments_ends_the_log_there(tmp_path: Path) -> 
     config = load_config(None, overrides=[f"storage.dir={tmp_path}", "storage.archive=false"], env={})
     wal_dir = tmp_path / "wal"
     wal_dir.mkdir()
-    segment_path(wal_dir, 0).write_bytes(b"".join(encode_batch([r]) for r in _records(5)))
-    segment_path(wal_dir, 10).write_bytes(b"".join(encode_batch([r]) for r in _records(5, 10)))
+    segment_path(wal_dir, 0).write_bytes(b"".join(encode_batch([r]) for r in make_records(5)))
+    segment_path(wal_dir, 10).write_bytes(b"".join(encode_batch([r]) for r in make_records(5, 10)))
     store = DiskStore(config.storage, fsync=lambda fd: None)
     broker = Broker(config.mq.settings(), 1, journal=True)
     await store.open(broker, 100.0)

@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from tests.unit.storage.walfiles import make_records, read_log
 
 from kapok.core.changes import Change, GroupCreated
 from kapok.errors import StorageError
@@ -24,19 +25,6 @@ from kapok.storage.wal import WriteAheadLog, list_segments
 from kapok.testing import eventually
 
 T = 10.0  # upper bound of every wait
-
-
-def _records(n: int, start: int = 0) -> list[Change]:
-    return [GroupCreated("t", f"g{i}", float(i)) for i in range(start, start + n)]
-
-
-def _read_log(directory: Path) -> list[Change]:
-    found: list[Change] = []
-    for segment in list_segments(directory):
-        reader = FrameReader(segment.path.read_bytes())
-        found.extend(reader)
-        assert reader.problem is None
-    return found
 
 
 class _Recorder:
@@ -69,14 +57,14 @@ async def test_archive_gets_every_record_in_order_in_few_batches(tmp_path: Path,
     wal.start(0)
     appended: list[Change] = []
     for i in range(40):  # every one its own write: awaited before the next
-        records = _records(3, 3 * i)
+        records = make_records(3, 3 * i)
         appended.extend(records)
         await wal.append(records)
     await wal.aclose()  # nothing waited out the delay: close hands over the rest
     assert [c for call in recorder.calls for c in call] == appended
     assert 1 <= len(recorder.calls) < 10
     assert recorder.drains == 40  # the flusher let the sink hold it back after every write
-    assert _read_log(tmp_path) == appended
+    assert read_log(tmp_path) == appended
     # The archive got the log's own bytes.
     assert recorder.fed == b"".join(s.path.read_bytes() for s in list_segments(tmp_path))
 
@@ -88,10 +76,10 @@ async def test_archive_batches_go_out_after_the_delay_without_a_close(tmp_path: 
     )
     wal.start(0)
     try:
-        await wal.append(_records(2))
-        await wal.append(_records(2, 2))
+        await wal.append(make_records(2))
+        await wal.append(make_records(2, 2))
         await eventually(lambda: recorder.calls, what="the archive batch")
-        assert recorder.calls == [_records(4)]
+        assert recorder.calls == [make_records(4)]
     finally:
         await wal.aclose()
 
@@ -106,13 +94,13 @@ async def test_archive_batches_are_bounded_in_size(tmp_path: Path, monkeypatch: 
     wal.start(0)
     try:
         for i in range(5):
-            await wal.append(_records(4, 4 * i))
+            await wal.append(make_records(4, 4 * i))
         # three writes (~250 bytes) pass the bound: no waiting for the delay
         await eventually(lambda: sum(map(len, recorder.calls)) >= 12, what="a batch over the bound")
         assert [len(call) for call in recorder.calls] == [12]
     finally:
         await wal.aclose()
-    assert [c for call in recorder.calls for c in call] == _records(20)
+    assert [c for call in recorder.calls for c in call] == make_records(20)
 
 
 @pytest.mark.parametrize("policy", ["always", "interval", "never"])
@@ -122,7 +110,7 @@ async def test_concurrent_appends_keep_the_log_in_order_across_segments(tmp_path
     appended: list[Change] = []
     futures = []
     for i in range(60):
-        records = _records(1 + (i % 7) * 3, len(appended))
+        records = make_records(1 + (i % 7) * 3, len(appended))
         appended.extend(records)
         futures.append(wal.append(records))
         if i % 10 == 9:
@@ -134,7 +122,7 @@ async def test_concurrent_appends_keep_the_log_in_order_across_segments(tmp_path
     await asyncio.gather(*futures)
     await wal.aclose()
     assert len(list_segments(tmp_path)) > 2
-    assert _read_log(tmp_path) == appended
+    assert read_log(tmp_path) == appended
 
 
 @pytest.fixture
@@ -157,7 +145,7 @@ async def test_small_writes_stay_on_the_loop_unless_an_fsync_is_due(
 ) -> None:
     wal = WriteAheadLog(tmp_path, policy=policy, interval_ms=1000, segment_max_bytes=1 << 22)
     wal.start(0)
-    small = _records(3)
+    small = make_records(3)
     big = [GroupCreated("t", "g" * 200, float(i)) for i in range(wal_module.INLINE_WRITE_BYTES // 200)]
     for records in (small, small, big, small):  # the first write opens the segment
         await wal.append(records)
@@ -169,7 +157,7 @@ async def test_small_writes_stay_on_the_loop_unless_an_fsync_is_due(
     # Opening a segment, a write past INLINE_WRITE_BYTES and every write that an ack's fsync
     # follows go to the writer thread (no background fsync runs here: it is due after 1 s).
     assert on_loop == ([False] * 4 if policy == "always" else [False, True, False, True])
-    assert _read_log(tmp_path) == small + small + big + small
+    assert read_log(tmp_path) == small + small + big + small
 
 
 async def test_no_write_is_made_on_the_loop_while_a_background_fsync_runs(
@@ -187,16 +175,16 @@ async def test_no_write_is_made_on_the_loop_while_a_background_fsync_runs(
     wal.start(0)
     try:
         # Opening the segment queues an fsync of the directory; then the interval's fsyncs.
-        await wal.append(_records(2))
+        await wal.append(make_records(2))
         assert await asyncio.to_thread(syncing.wait, T)
         for i in range(3):
-            await wal.append(_records(2, 2 + 2 * i))
+            await wal.append(make_records(2, 2 + 2 * i))
             await asyncio.sleep(0.01)
         assert threading.current_thread().name not in writers  # the writer thread took them all
     finally:
         release.set()
         await wal.aclose()
-    assert _read_log(tmp_path) == _records(8)
+    assert read_log(tmp_path) == make_records(8)
 
 
 @pytest.mark.parametrize("policy", ["always", "interval", "never"])
@@ -211,11 +199,11 @@ async def test_write_now_writes_on_the_callers_turn_when_the_flusher_would_inlin
         tmp_path, policy=policy, interval_ms=1000, segment_max_bytes=1 << 22, archive=recorder
     )
     wal.start(0)
-    first = wal.append(_records(2))
+    first = wal.append(make_records(2))
     assert not wal.write_now()  # the first write opens the segment: the writer thread's
     await first
     await eventually(lambda: not wal._background_jobs, timeout_s=10, what="the background fsyncs")
-    small = wal.append(_records(3, 2))
+    small = wal.append(make_records(3, 2))
     assert wal.write_now() is (policy != "always")
     assert small.done() is (policy != "always")
     await small
@@ -224,13 +212,13 @@ async def test_write_now_writes_on_the_callers_turn_when_the_flusher_would_inlin
     ]
     big = wal.append(big_records)
     assert not wal.write_now()  # too large for the loop: the flusher writes it, encoded once
-    after_big = wal.append(_records(1, 5))
+    after_big = wal.append(make_records(1, 5))
     assert not wal.write_now()  # the big one is queued or being written before it
     await asyncio.gather(big, after_big)
     assert not wal.write_now()  # nothing queued
     await wal.aclose()
-    assert _read_log(tmp_path) == _records(5) + big_records + _records(1, 5)
-    assert [c for call in recorder.calls for c in call] == _read_log(tmp_path)
+    assert read_log(tmp_path) == make_records(5) + big_records + make_records(1, 5)
+    assert [c for call in recorder.calls for c in call] == read_log(tmp_path)
     loop_thread = threading.current_thread().name
     assert (loop_thread in writers) is (policy != "always")
 
@@ -242,25 +230,25 @@ async def test_write_now_leaves_it_to_the_flusher_while_the_archive_is_behind(tm
         tmp_path, policy="never", interval_ms=1000, segment_max_bytes=1 << 22, archive=recorder
     )
     wal.start(0)
-    await wal.append(_records(1))
-    pending = wal.append(_records(1, 1))
+    await wal.append(make_records(1))
+    pending = wal.append(make_records(1, 1))
     assert not wal.write_now() and not pending.done()
     await pending
     await wal.aclose()
-    assert _read_log(tmp_path) == _records(2)
+    assert read_log(tmp_path) == make_records(2)
 
 
 async def test_write_now_after_a_failed_write_fails_the_appends(tmp_path: Path) -> None:
     wal = WriteAheadLog(tmp_path, policy="never", interval_ms=1000, segment_max_bytes=1 << 22)
     wal.start(0)
-    await wal.append(_records(1))
+    await wal.append(make_records(1))
     assert wal._file is not None
     os.close(wal._file)  # the next write fails (EBADF), as a dead disk would make it
-    pending = wal.append(_records(1, 1))
+    pending = wal.append(make_records(1, 1))
     assert not wal.write_now()
     assert pending.done() and isinstance(pending.exception(), StorageError)
     assert wal.failed is not None
     with pytest.raises(StorageError):
-        wal.append(_records(1, 2))
+        wal.append(make_records(1, 2))
     wal._file = None  # closed above
     await wal.aclose()
