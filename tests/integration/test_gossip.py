@@ -1,4 +1,6 @@
-"""The gossip driver over real UDP and TCP on 127.0.0.1, several nodes in one event loop."""
+"""The gossip driver over real UDP and TCP on 127.0.0.1, several nodes in one event loop; and
+its transport seam: a node whose network is cut (``FaultyTransport``) is suspected, dead, and
+alive again after the heal."""
 
 from __future__ import annotations
 
@@ -15,21 +17,29 @@ from aiohttp.test_utils import TestServer
 
 from kapok.cluster.messages import MemberChanged, NodeMeta, State
 from kapok.cluster.node import GossipNode, split_addr
+from kapok.cluster.transport import Transport
 from kapok.config import ClusterConfig, load_config
 from kapok.launch import cluster_sets
 from kapok.node.app import make_app
 from kapok.server.keys import GOSSIP
 from kapok.testing import eventually
+from kapok.testing.faults import FaultyTransport
 
 pytestmark = pytest.mark.timeout(60)
 
 T = 10.0  # upper bound of every wait
+CUT_T = 30.0  # ... of a wait across a cut (dead takes suspicion timeouts, alive a reconnect round)
 
 
-def make_node(name: str, seeds: tuple[str, ...] = (), secret: tuple[str, ...] = ("k1",)) -> GossipNode:
+def make_node(
+    name: str,
+    seeds: tuple[str, ...] = (),
+    secret: tuple[str, ...] = ("k1",),
+    transport: Transport | None = None,
+) -> GossipNode:
     config = ClusterConfig(enabled=True, bind="127.0.0.1:0", seeds=seeds, secret=secret, profile="fast")
     meta = NodeMeta(name, http_url=f"http://127.0.0.1/{name}", version="test")
-    return GossipNode(config, meta, rng=random.Random(name))
+    return GossipNode(config, meta, transport=transport, rng=random.Random(name))
 
 
 def states(node: GossipNode) -> dict[str, State]:
@@ -167,3 +177,48 @@ async def test_nodes_serve_the_gossip_view_and_the_kapokmq_node_lists(
             text = await resp.text()
         assert 'kapok_cluster_members{state="alive"} 2.0' in text
         assert "kapok_gossip_events_total" in text
+
+
+# ---------------------------------------------------------------- the transport seam
+
+
+@pytest.mark.timeout(90)
+async def test_a_cut_node_is_suspected_then_dead_and_alive_again_after_the_heal(
+    nodes: list[GossipNode],
+) -> None:
+    a = await start(nodes, make_node("a"))
+    faulty = FaultyTransport()
+    b = await start(nodes, make_node("b", seeds=(a.addr,), transport=faulty))
+
+    def both_alive() -> bool:
+        return states(a).get("b") is State.ALIVE and states(b).get("a") is State.ALIVE
+
+    await eventually(both_alive, timeout_s=CUT_T, what="a and b see each other alive")
+    seen: list[State] = []
+    a.add_listener(lambda change: seen.append(change.state) if change.name == "b" else None)
+
+    faulty.isolated = True
+    await eventually(lambda: states(a).get("b") is State.DEAD, timeout_s=CUT_T, what="a sees b dead")
+    assert State.SUSPECT in seen  # suspected first, then dead
+    assert faulty.dropped > 0
+    assert states(b).get("a") in (State.SUSPECT, State.DEAD)  # cut both ways: b heard nothing either
+
+    faulty.isolated = False
+    await eventually(both_alive, timeout_s=CUT_T, what="a and b see each other alive after the heal")
+
+
+@pytest.mark.timeout(90)
+async def test_a_cut_transport_refuses_streams_both_ways(nodes: list[GossipNode]) -> None:
+    faulty = FaultyTransport()
+    a = await start(nodes, make_node("a", transport=faulty))
+    faulty.isolated = True
+    b = await start(nodes, make_node("b", seeds=(a.addr,)))
+    # b's join is a state exchange over TCP: a refuses it, and what a sends is refused too.
+    await eventually(lambda: faulty.refused > 0, timeout_s=CUT_T, what="a stream refused")
+    assert "a" not in states(b) and "b" not in states(a)
+    faulty.isolated = False
+    await eventually(
+        lambda: states(a).get("b") is State.ALIVE and states(b).get("a") is State.ALIVE,
+        timeout_s=CUT_T,
+        what="b joins once a is reachable",
+    )
