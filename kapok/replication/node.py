@@ -455,7 +455,7 @@ class ReplicationNode:
             await asyncio.sleep(self.heartbeat_s / 2)
             leader = self.leader
             session = leader.session if leader is not None else None
-            if self.partner.tick(self.state, session.link.last_heard if session is not None else None):
+            if self.partner.tick(self.state, session.state.last_heard if session is not None else None):
                 self._on_change()
             try:
                 async with self._lock:
