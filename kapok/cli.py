@@ -23,7 +23,7 @@ from kapok.errors import ConfigError, KapokError
 
 if TYPE_CHECKING:
     from kapok.config import Config
-    from kapok.config_kapokmq import Note
+    from kapok.config.kapokmq import Note
     from kapok.node.seams import Seams
 
 __all__ = ["main"]

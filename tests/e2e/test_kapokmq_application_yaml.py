@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 import yaml
 
-from kapok.config_kapokmq import is_kapokmq
+from kapok.config.kapokmq import is_kapokmq
 from kapok.launch import start_node
 
 pytestmark = pytest.mark.e2e

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from kapok.config import convert_kapokmq_file, load_config
-from kapok.config_kapokmq import KAPOKMQ_KEYS, Note, is_kapokmq, translate
+from kapok.config.kapokmq import KAPOKMQ_KEYS, Note, is_kapokmq, translate
 from kapok.errors import ConfigError
 
 # KapokMQ's shipped file, as its spec (§4) gives every key and default.

@@ -22,7 +22,7 @@ PURE_FILES = sorted(
         ),
         *(PACKAGE / "replication" / f"{name}.py" for name in ("backlog", "protocol", "session")),
         PACKAGE / "errors.py",
-        PACKAGE / "config.py",
+        *(PACKAGE / "config").glob("*.py"),
     ]
 )
 PURE_MODULES = [

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from kapok.config_kapokmq import Note, annotate, is_kapokmq, translate
+from kapok.config.kapokmq import Note, annotate, is_kapokmq, translate
 from kapok.core.settings import BrokerSettings, TopicSettings
 from kapok.errors import ConfigError
 
@@ -339,7 +339,7 @@ def load_config(
     """Defaults <- YAML file ``path`` <- ``KAPOK_*`` variables of ``env`` (default
     ``os.environ``) <- ``overrides`` (``"section.key=value"``); then validated.
 
-    A KapokMQ file is translated (``kapok.config_kapokmq``); what became of each of its
+    A KapokMQ file is translated (``kapok.config.kapokmq``); what became of each of its
     keys is appended to ``notes``, for the caller to log."""
     raw: dict[str, Any] = {} if path is None else read_config_file(Path(path), notes)
     for name, value in _env_overrides(os.environ if env is None else env):
