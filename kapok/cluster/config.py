@@ -26,39 +26,60 @@ Fields that memberlist does not have, and why:
   suspect far less often (at 10 % loss, in the simulator: about 5× fewer accusations).
 * ``lifeguard``: False gives plain SWIM (fixed suspicion timeout at the minimum, no local
   health scaling, no nacks, no buddy suspect), for comparison runs in the simulator.
+
+A node's configuration may override each field under ``cluster.tuning`` (``kapok.config``
+derives those keys from this class) except the ones marked ``_fixed``: wire limits every
+member must share, and switches for comparison runs. A field's metadata bounds a value
+given there on its own: ``gt`` (``_positive``) or ``lo`` (``_at_least_one``), else the
+non-negative rule below; the rules across fields stay in ``__post_init__``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, TypeVar
 
 __all__ = ["FAST", "LAN", "PROFILES", "SwimConfig"]
+
+T = TypeVar("T")
+
+
+def _positive(default: T) -> T:
+    return field(default=default, metadata={"gt": 0})
+
+
+def _at_least_one(default: T) -> T:
+    return field(default=default, metadata={"lo": 1})
+
+
+def _fixed(default: T) -> T:
+    """Not a ``cluster.tuning`` key."""
+    return field(default=default, metadata={"tunable": False})
 
 
 @dataclass(frozen=True, slots=True)
 class SwimConfig:
-    probe_interval_s: float = 1.0  # one probe per interval (times local health when probes fail)
-    probe_timeout_s: float = 0.5  # wait for a direct ack before asking helpers
+    probe_interval_s: float = _positive(1.0)  # one probe per interval (times local health when probes fail)
+    probe_timeout_s: float = _positive(0.5)  # wait for a direct ack before asking helpers
     indirect_checks: int = 3  # helpers asked to probe when the direct ping goes unanswered
-    nack_timeout_ratio: float = 0.8  # helper nacks after this share of probe_timeout_s
-    suspicion_mult: int = 4  # suspicion min = mult × max(1, log10 n) × probe interval
-    suspicion_max_timeout_mult: int = 6  # suspicion max = this × min
-    awareness_max_multiplier: int = 8  # local health score caps at this − 1
-    gossip_interval_s: float = 0.2  # gossip tick (only when broadcasts are queued)
-    gossip_nodes: int = 3  # fan-out per gossip tick
+    nack_timeout_ratio: float = _fixed(0.8)  # helper nacks after this share of probe_timeout_s
+    suspicion_mult: int = _at_least_one(4)  # suspicion min = mult × max(1, log10 n) × probe interval
+    suspicion_max_timeout_mult: int = _at_least_one(6)  # suspicion max = this × min
+    awareness_max_multiplier: int = _at_least_one(8)  # local health score caps at this − 1
+    gossip_interval_s: float = _positive(0.2)  # gossip tick (only when broadcasts are queued)
+    gossip_nodes: int = _at_least_one(3)  # fan-out per gossip tick
     gossip_to_dead_s: float = 30.0  # dead members still receive gossip this long (to refute)
-    retransmit_mult: int = 4  # broadcasts are sent mult × ceil(log10(n + 1)) times
-    push_pull_interval_s: float = 30.0  # anti-entropy period at ≤ 32 members (scaled above)
+    retransmit_mult: int = _at_least_one(4)  # broadcasts are sent mult × ceil(log10(n + 1)) times
+    push_pull_interval_s: float = _positive(30.0)  # anti-entropy period at ≤ 32 members (scaled above)
     dead_reclaim_s: float = 30.0  # after this long dead, a name may come back from a new address
     forget_dead_s: float = 3600.0  # dead and left members are dropped after this long
-    join_retry_s: float = 5.0  # re-send the join while no live peer is known
-    reconnect_interval_s: float = 30.0  # push-pull with a random dead member this often
-    max_packet_bytes: int = 1400  # UDP payload limit, header and tag included
-    max_stream_bytes: int = 8 * 1024 * 1024  # push-pull blob limit
-    meta_max_bytes: int = 512  # encoded NodeMeta limit
-    tcp_pings: bool = True  # ping over a stream too when the direct ping times out
-    lifeguard: bool = True  # False: plain SWIM (for comparison)
+    join_retry_s: float = _positive(5.0)  # re-send the join while no live peer is known
+    reconnect_interval_s: float = _positive(30.0)  # push-pull with a random dead member this often
+    max_packet_bytes: int = _fixed(1400)  # UDP payload limit, header and tag included
+    max_stream_bytes: int = _fixed(8 * 1024 * 1024)  # push-pull blob limit
+    meta_max_bytes: int = _fixed(512)  # encoded NodeMeta limit
+    tcp_pings: bool = _fixed(True)  # ping over a stream too when the direct ping times out
+    lifeguard: bool = _fixed(True)  # False: plain SWIM (for comparison)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -67,8 +88,7 @@ class SwimConfig:
                 continue
             if not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"SwimConfig.{f.name} must be a non-negative number, got {value!r}")
-        periods = ("probe_interval_s", "probe_timeout_s", "gossip_interval_s", "push_pull_interval_s")
-        if any(getattr(self, name) <= 0 for name in (*periods, "reconnect_interval_s", "join_retry_s")):
+        if any(getattr(self, f.name) <= 0 for f in fields(self) if "gt" in f.metadata):
             raise ValueError("every interval and timeout must be > 0")
         if self.probe_timeout_s > self.probe_interval_s:
             raise ValueError("probe_timeout_s must not exceed probe_interval_s")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
+import typing
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,8 @@ from kapok.config import (
     public_dict,
     validate_config,
 )
+from kapok.config.convert import build
+from kapok.config.schema import _overrides_of
 from kapok.core.settings import TopicSettings
 from kapok.errors import ConfigError
 
@@ -588,11 +591,11 @@ KAPOKMQ_KEYS = [
 
 def test_docs_list_every_key_and_every_kapokmq_key() -> None:
     docs = (REPO_ROOT / "docs" / "config.md").read_text(encoding="utf-8")
-    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    kapokmq = (REPO_ROOT / "docs" / "kapokmq.md").read_text(encoding="utf-8")
     rows = {line.split("|")[1].strip() for line in docs.splitlines() if line.startswith("| `")}
-    readme_rows = {line.split("|")[1].strip() for line in readme.splitlines() if line.startswith("| `")}
+    kapokmq_rows = {line.split("|")[1].strip() for line in kapokmq.splitlines() if line.startswith("| `")}
     assert {f"`{path}`" for path in EXPECTED_DEFAULTS} <= rows
-    assert {f"`{key}`" for key in KAPOKMQ_KEYS} <= readme_rows
+    assert {f"`{key}`" for key in KAPOKMQ_KEYS} <= kapokmq_rows
     for name in dataclasses.fields(TopicOverride):
         assert f"`{name.name}`" in docs
 
@@ -614,8 +617,59 @@ def test_tuning_that_breaks_a_protocol_rule_is_a_config_error() -> None:
 
 
 def test_every_tuning_key_is_a_protocol_timing() -> None:
-    names = {f.name for f in dataclasses.fields(SwimConfig)}
-    assert {f.name for f in dataclasses.fields(GossipTuning)} <= names
+    tunable = [f.name for f in dataclasses.fields(SwimConfig) if f.metadata.get("tunable", True)]
+    assert [f.name for f in dataclasses.fields(GossipTuning)] == tunable
+    swim_types, tuning_types = typing.get_type_hints(SwimConfig), typing.get_type_hints(GossipTuning)
+    assert all(tuning_types[name] == swim_types[name] | None for name in tunable)
+
+
+def test_every_tuning_key_reaches_the_protocol() -> None:
+    # The fast profile with every tunable timing set to lan's, by environment variable, is lan.
+    lan = SwimConfig.profile("lan")
+    names = [f.name for f in dataclasses.fields(GossipTuning)]
+    env = {env_var_name(f"cluster.tuning.{name}"): str(getattr(lan, name)) for name in names}
+    assert swim_config(load("cluster.profile=fast", env=env).cluster) == lan
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _NewerSwimConfig(SwimConfig):
+    """SwimConfig as it would be with four more fields."""
+
+    settle_s: float = dataclasses.field(default=2.0, metadata={"gt": 0})
+    fanout_cap: int = 4  # no bounds of its own: non-negative, as every SwimConfig number
+    quiet: bool = False
+    wire_limit: int = dataclasses.field(default=9, metadata={"tunable": False})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+@_overrides_of(_NewerSwimConfig)
+class _NewerTuning:
+    """GossipTuning as it would be, with not a line of it changed."""
+
+
+def test_a_new_protocol_field_is_a_tuning_key_without_editing_the_config_package() -> None:
+    def tuning(**values: object) -> _NewerTuning:
+        return build(_NewerTuning, values, "cluster.tuning.")
+
+    names = [f.name for f in dataclasses.fields(_NewerTuning)]
+    assert names == [*(f.name for f in dataclasses.fields(GossipTuning)), "settle_s", "fanout_cap", "quiet"]
+    got = dataclasses.asdict(tuning(settle_s=0.5, fanout_cap=0, quiet=True, probe_interval_s=2))
+    assert (got["settle_s"], got["fanout_cap"], got["quiet"], got["probe_interval_s"]) == (0.5, 0, True, 2.0)
+    assert set(dataclasses.asdict(tuning()).values()) == {None}
+    cases: list[tuple[dict[str, object], str]] = [
+        ({"settle_s": 0}, "cluster.tuning.settle_s: expected a number > 0, got 0"),
+        ({"fanout_cap": -1}, "cluster.tuning.fanout_cap: expected an integer >= 0, got -1"),
+        ({"fanout_cap": 1.5}, "cluster.tuning.fanout_cap: expected an integer >= 0, got 1.5"),
+        ({"quiet": 1}, "cluster.tuning.quiet: expected true or false, got 1"),
+        ({"setle_s": 1}, "cluster.tuning.setle_s: unknown key; did you mean 'settle_s'?"),
+        ({"gossip_nodes": 0}, "cluster.tuning.gossip_nodes: expected an integer >= 1, got 0"),
+    ]
+    for values, expected in cases:
+        with pytest.raises(ConfigError) as caught:
+            tuning(**values)
+        assert caught.value.message == expected
+    with pytest.raises(ConfigError, match=r"^cluster\.tuning\.wire_limit: unknown key"):
+        tuning(wire_limit=9)  # marked tunable: False in the protocol's class
 
 
 def test_public_dict_hides_every_secret() -> None:
