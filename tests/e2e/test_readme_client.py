@@ -1,9 +1,10 @@
-"""The README's client examples run as written: its Python blocks and its shell lines,
-taken from README.md by their ``<!-- readme-example: NAME -->`` markers (never copied
-here), against a real node; only the node's URL is put in for the documented default."""
+"""The README's examples run as written: its curl quickstart, its Python blocks and its
+shell lines, taken from README.md by their ``<!-- readme-example: NAME -->`` markers (never
+copied here), against a real node; only the node's URL is put in for the documented default."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -49,7 +50,7 @@ def _run(args: list[str], node: NodeProcess, code: str) -> subprocess.CompletedP
 
 
 def test_the_examples_use_the_documented_url() -> None:
-    for name in ("producer", "consumer", "shell"):
+    for name in ("curl", "producer", "consumer", "shell"):
         assert DOCUMENTED_URL in example(name)
     assert len(example("producer").strip().splitlines()) <= 12
 
@@ -66,3 +67,11 @@ def test_shell_example(node: NodeProcess) -> None:
     result = _run(["bash", "-euo", "pipefail", "-c"], node, example("shell"))
     assert result.stdout.splitlines() == ["hello", "world"]
     assert "sent 2, confirmed 2" in result.stderr
+
+
+def test_curl_example(node: NodeProcess) -> None:
+    result = _run(["bash", "-euo", "pipefail", "-c"], node, example("curl"))
+    pulled, acked = result.stdout.splitlines()
+    [message] = json.loads(pulled)["messages"]
+    assert (message["data"], message["group"]) == ("hello", "default")
+    assert json.loads(acked) == {"settled": 1, "unknown": []}

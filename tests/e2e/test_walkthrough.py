@@ -1,10 +1,10 @@
-"""The README's cluster walkthrough ("A cluster on one host"), executed as written.
+"""The cluster walkthrough of docs/deployment.md ("A cluster on one host"), executed as written.
 
-Its commands are read from README.md (the fenced blocks after each ``<!-- walkthrough: NAME
--->`` marker), never copied here; the example's ports are rewritten to free ones in the
+Its commands are read from docs/deployment.md (the fenced blocks after each ``<!-- walkthrough:
+NAME -->`` marker), never copied here; the example's ports are rewritten to free ones in the
 commands and in a copy of ``build/examples/local``, and each block runs in ``bash`` from a
 temporary folder as if it were the repository root. A block that watches the cluster is
-run again until it prints what the README says it will (with a deadline).
+run again until it prints what the page says it will (with a deadline).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from kapok.launch import wait_for
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
+WALKTHROUGH = REPO / "docs" / "deployment.md"
 MARKED_BLOCK = re.compile(r"<!-- walkthrough: (\S+) -->\s*```sh\n(.*?)```", re.DOTALL)
 STEPS = ("start", "nodes", "publish", "crash", "takeover", "consume", "restart", "give-back", "stop-master",
          "hand-over", "stop")  # fmt: skip
@@ -33,8 +34,8 @@ NODES = ("m1", "m2", "m3", "s1", "s2", "s3")
 DEADLINE_S = 60.0
 
 
-def readme_steps() -> dict[str, str]:
-    return dict(MARKED_BLOCK.findall((REPO / "README.md").read_text(encoding="utf-8")))
+def walkthrough_steps() -> dict[str, str]:
+    return dict(MARKED_BLOCK.findall(WALKTHROUGH.read_text(encoding="utf-8")))
 
 
 def table(output: str) -> dict[str, dict[str, str]]:
@@ -57,7 +58,7 @@ def running(pid: int) -> bool:
 class Walkthrough:
     def __init__(self, root: Path, rewrite: Callable[[str], str]) -> None:
         self.root = root
-        self.steps = {name: rewrite(text) for name, text in readme_steps().items()}
+        self.steps = {name: rewrite(text) for name, text in walkthrough_steps().items()}
         bin_dir = str(Path(sys.executable).parent)  # `kapok` as installed for the tests
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("KAPOK_")}
         self.env["PATH"] = bin_dir + os.pathsep + self.env.get("PATH", "")
@@ -111,11 +112,11 @@ def walkthrough(tmp_path: Path, local_example: Callable[..., Path], port_map: Ca
         walk.kill_leftovers()
 
 
-def test_readme_has_every_step_of_the_walkthrough() -> None:
-    assert tuple(readme_steps()) == STEPS
+def test_the_page_has_every_step_of_the_walkthrough() -> None:
+    assert tuple(walkthrough_steps()) == STEPS
 
 
-def test_readme_walkthrough_runs_as_written(walkthrough: Walkthrough) -> None:
+def test_the_walkthrough_runs_as_written_on_six_nodes(walkthrough: Walkthrough) -> None:
     walk = walkthrough
     assert walk.run("start").returncode == 0
     assert len(walk.pids) == len(NODES)
