@@ -28,8 +28,10 @@ from functools import partial
 from typing import Any, Protocol
 
 import aiohttp
-import orjson
 from aiohttp import WSMsgType
+
+from kapok.protocol.kapokmq import ASK_KEY, KEY_OK, decode_push, decode_reply, encode_produce
+from kapok.protocol.native import decode_frame, encode_pub, encode_settle, encode_sub
 
 __all__ = [
     "STAMP_DIGITS",
@@ -47,8 +49,6 @@ __all__ = [
 ]
 
 STAMP_DIGITS = 20
-ASK_KEY = "Please enter the secret key"
-KEY_OK = "Secret key matching succeeded"
 CONNECT_TIMEOUT_S = 15.0
 
 _DATA = (WSMsgType.TEXT, WSMsgType.BINARY)
@@ -297,7 +297,7 @@ class NativeProducer(_ProducerBase):
         self._start_reader()
 
     def _reply(self, data: str | bytes) -> None:
-        frame = orjson.loads(data)
+        frame = decode_frame(data)
         op = frame.get("op")
         if op == "puback":
             self.window.confirm(len(frame["codes"]))
@@ -305,7 +305,7 @@ class NativeProducer(_ProducerBase):
             raise _native_error(frame)
 
     def _frame(self, k: int, make: Callable[[], str]) -> bytes:
-        return orjson.dumps({"op": "pub", "topic": self.topic, "msgs": [{"data": make()} for _ in range(k)]})
+        return encode_pub(0, [{"data": make()} for _ in range(k)], self.topic)
 
     async def burst(self, n: int) -> None:
         body = padding(self.size, False)
@@ -343,13 +343,14 @@ class CompatProducer(_ProducerBase):
         self._start_reader()
 
     def _reply(self, data: str | bytes) -> None:
-        if data == "ok":
+        refusal = decode_reply(str(data))
+        if refusal is None:
             self.window.confirm(1)
             return
-        raise BenchError(f"node refused a message: {str(data)[:200]}")
+        raise BenchError(f"node refused a message: {refusal[:200]}")
 
     def _message(self) -> str:
-        return orjson.dumps({"MessageData": padding(self.size, False), "DelayTime": 0}).decode()
+        return encode_produce(padding(self.size, False))
 
     async def burst(self, n: int) -> None:
         frame = self._message()
@@ -366,7 +367,7 @@ class CompatProducer(_ProducerBase):
 
     async def _send_stamped(self, due: int, pad: str) -> int:
         await self.window.take(1)
-        await self.ws.send_str('{"MessageData":"' + _stamp(pad) + '","DelayTime":0}')
+        await self.ws.send_str(encode_produce(_stamp(pad)))
         return 1
 
 
@@ -395,14 +396,11 @@ class NativeConsumer(_ConsumerBase):
 
     async def connect(self, session: aiohttp.ClientSession) -> None:
         self.ws = await _native_connect(session, self.ws_url, self.key, self.name)
-        request: dict[str, Any] = {"op": "sub", "id": 1, "topic": self.topic, "prefetch": self.prefetch}
-        if self.group:
-            request["group"] = self.group
-        await self.ws.send_bytes(orjson.dumps(request))
+        await self.ws.send_bytes(encode_sub(1, self.topic, group=self.group or None, prefetch=self.prefetch))
         msg = await self.ws.receive(timeout=CONNECT_TIMEOUT_S)
         if msg.type not in _DATA:
             raise _closed(self.ws, "consumer")
-        frame = orjson.loads(msg.data)
+        frame = decode_frame(msg.data)
         if frame.get("op") == "error":
             raise _native_error(frame)
         if frame.get("op") != "subok":
@@ -414,7 +412,7 @@ class NativeConsumer(_ConsumerBase):
         async for msg in ws:
             if msg.type not in _DATA:
                 break
-            frame = orjson.loads(msg.data)
+            frame = decode_frame(msg.data)
             msgs = frame.get("msgs")
             if frame.get("op") != "msg" or msgs is None:
                 if frame.get("op") == "error":
@@ -423,7 +421,7 @@ class NativeConsumer(_ConsumerBase):
             if latencies is not None:
                 now = time.monotonic_ns()
                 latencies.extend(now - int(m["data"][:STAMP_DIGITS]) for m in msgs)
-            await ws.send_bytes(orjson.dumps({"op": "ack", "sub": sub, "codes": [m["code"] for m in msgs]}))
+            await ws.send_bytes(encode_settle("ack", sub, [m["code"] for m in msgs]))
             tally.add(len(msgs))
             gauge.value += len(msgs)
         raise _closed(ws, "consumer")
@@ -441,13 +439,12 @@ class CompatConsumer(_ConsumerBase):
         async for msg in ws:
             if msg.type is not WSMsgType.TEXT:
                 break
-            push = orjson.loads(msg.data)
-            code = push.get("MessageCode")
-            if code is None:
+            push = decode_push(msg.data)
+            if push is None:
                 raise BenchError(f"node error: {msg.data[:200]}")
             if latencies is not None:
-                latencies.append(time.monotonic_ns() - int(push["MessageData"][:STAMP_DIGITS]))
-            await ws.send_str(code)
+                latencies.append(time.monotonic_ns() - int(push["data"][:STAMP_DIGITS]))
+            await ws.send_str(push["code"])
             tally.add(1)
             gauge.value += 1
         raise _closed(ws, "consumer")

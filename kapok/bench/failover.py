@@ -50,6 +50,7 @@ from typing import Any
 import aiohttp
 
 from kapok.launch import NodeProcess, cluster_sets, start_node, stop_all
+from kapok.protocol.native import decode_frame, encode_pub, encode_settle, encode_sub
 from kapok.testing.pair import start_pair, state_of
 
 __all__ = ["Outcome", "failover_trial", "main"]
@@ -138,13 +139,12 @@ async def _produce(
                             rid += 1
                             payloads = [f"m{next(counter)}" for _ in range(BATCH)]
                             pending[rid] = (payloads, time.monotonic())
-                            msgs = [{"data": p} for p in payloads]
-                            await ws.send_json({"op": "pub", "id": rid, "topic": TOPIC, "msgs": msgs})
+                            await ws.send_bytes(encode_pub(rid, [{"data": p} for p in payloads], TOPIC))
                         msg = await ws.receive(timeout=PATIENCE_S)
                         if msg.type is not aiohttp.WSMsgType.TEXT:
                             break
-                        frame = json.loads(msg.data)
-                        payloads, sent_at = pending.pop(frame.get("id"), ([], 0.0))
+                        frame = decode_frame(msg.data)
+                        payloads, sent_at = pending.pop(frame.get("id", 0), ([], 0.0))
                         if rate:
                             await asyncio.sleep(BATCH / rate)
                         if frame.get("op") == "puback":
@@ -162,12 +162,12 @@ async def _consume(http: aiohttp.ClientSession, urls: list[str], tally: _Tally, 
         for url in urls:
             with contextlib.suppress(aiohttp.ClientError, ConnectionError, TimeoutError):
                 async with http.ws_connect(f"{url}/v1/ws", headers=AUTH) as ws:
-                    await ws.send_json({"op": "sub", "id": 1, "topic": TOPIC, "prefetch": 200})
+                    await ws.send_bytes(encode_sub(1, TOPIC, prefetch=200))
                     while not stop.is_set():
                         msg = await ws.receive(timeout=1.0)
                         if msg.type is not aiohttp.WSMsgType.TEXT:
                             break
-                        frame = json.loads(msg.data)
+                        frame = decode_frame(msg.data)
                         if frame.get("op") == "error":
                             break
                         if frame.get("op") != "msg":
@@ -176,7 +176,7 @@ async def _consume(http: aiohttp.ClientSession, urls: list[str], tally: _Tally, 
                             tally.seen[m["data"]] = tally.seen.get(m["data"], 0) + 1
                         await asyncio.sleep(WORK_S)
                         codes = [m["code"] for m in frame["msgs"]]
-                        await ws.send_json({"op": "ack", "sub": frame["sub"], "codes": codes})
+                        await ws.send_bytes(encode_settle("ack", frame["sub"], codes))
         await asyncio.sleep(0.05)
 
 

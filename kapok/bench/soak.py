@@ -21,7 +21,6 @@ memory over time, not throughput.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -33,6 +32,8 @@ import aiohttp
 from kapok.bench.harness import CaseFailed, Harness
 from kapok.bench.nodes import LocalNode, Node
 from kapok.bench.report import Row
+from kapok.protocol.kapokmq import KEY_OK, decode_push, decode_reply, encode_produce
+from kapok.protocol.native import decode_frame, encode_pub, encode_settle, encode_sub
 from kapok.tasks import cancel_all
 
 __all__ = ["Soak", "soak"]
@@ -175,9 +176,9 @@ class Soak:
             )
         kind = "Producers" if client == self._compat_producer else "Consumers"
         ws = await session.ws_connect(f"{ws_url}/{kind}/Conn/{COMPAT_TOPIC}/{name}{index}")
-        await ws.receive(timeout=5)  # the prompt
+        await ws.receive(timeout=5)  # the prompt, ASK_KEY
         await ws.send_str(self.key)
-        if (await ws.receive(timeout=5)).data != "Secret key matching succeeded":
+        if (await ws.receive(timeout=5)).data != KEY_OK:
             raise RuntimeError("the KapokMQ handshake failed")
         return ws
 
@@ -202,15 +203,13 @@ class Soak:
                     seq += 50
                     pending[rid] = ids
                     self.tally.published.update(ids)
-                    await ws.send_json(
-                        {"op": "pub", "id": rid, "topic": NATIVE_TOPIC, "msgs": [{"data": i} for i in ids]}
-                    )
+                    await ws.send_bytes(encode_pub(rid, [{"data": i} for i in ids], NATIVE_TOPIC))
                     await self._paced(rate, seq, started)
                 msg = await ws.receive(timeout=10)
                 if msg.type in ENDED:
                     return
-                frame = json.loads(msg.data)
-                ids = pending.pop(frame.get("id"), [])
+                frame = decode_frame(msg.data)
+                ids = pending.pop(frame.get("id", 0), [])
                 if frame.get("op") == "puback":
                     self.tally.confirmed.update(ids)
                 else:
@@ -229,7 +228,7 @@ class Soak:
                     seq += 1
                     pending.append(payload)
                     self.tally.published.add(payload)
-                    await ws.send_str(json.dumps({"MessageData": payload, "DelayTime": 0}))
+                    await ws.send_str(encode_produce(payload))
                     if seq % 20 == 0:
                         await self._paced(rate, seq, started)
                         break
@@ -237,13 +236,15 @@ class Soak:
                 if msg.type in ENDED:
                     return
                 payload = pending.pop(0)  # one reply per frame, in order
-                if msg.data == "ok":
+                if decode_reply(msg.data) is None:
                     self.tally.confirmed.add(payload)
                 else:
                     self.tally.refused += 1
 
-    async def _frames(self, ws: aiohttp.ClientWebSocketResponse, life_end: float) -> AsyncIterator[Any]:
-        """A consumer's frames, parsed, until its life ends or the socket closes (a quiet
+    async def _frames(
+        self, ws: aiohttp.ClientWebSocketResponse, life_end: float
+    ) -> AsyncIterator[str | bytes]:
+        """A consumer's frames until its life ends or the socket closes (a quiet
         second is no end: it only lets the consumer look at the clock)."""
         while self.running and time.monotonic() < life_end:
             try:
@@ -252,7 +253,7 @@ class Soak:
                 continue
             if msg.type in ENDED:
                 return
-            yield json.loads(msg.data)
+            yield msg.data
 
     def _delivered(self, payload: str) -> None:
         self.tally.deliveries += 1
@@ -262,8 +263,9 @@ class Soak:
         self, ws: aiohttp.ClientWebSocketResponse, index: int, rate: float, life_end: float
     ) -> None:
         async with ws:
-            await ws.send_json({"op": "sub", "id": 1, "topic": NATIVE_TOPIC, "prefetch": 500})
-            async for frame in self._frames(ws, life_end):
+            await ws.send_bytes(encode_sub(1, NATIVE_TOPIC, prefetch=500))
+            async for raw in self._frames(ws, life_end):
+                frame = decode_frame(raw)
                 if frame.get("op") != "msg":
                     continue
                 acks, nacks = [], []
@@ -275,16 +277,18 @@ class Soak:
                         self._delivered(m["data"])
                 if nacks:
                     self.tally.nacks += len(nacks)
-                    await ws.send_json({"op": "nack", "sub": frame["sub"], "codes": nacks, "requeue": True})
-                await ws.send_json({"op": "ack", "sub": frame["sub"], "codes": acks})
+                    await ws.send_bytes(encode_settle("nack", frame["sub"], nacks, True))
+                await ws.send_bytes(encode_settle("ack", frame["sub"], acks))
 
     async def _compat_consumer(
         self, ws: aiohttp.ClientWebSocketResponse, index: int, rate: float, life_end: float
     ) -> None:
         async with ws:
-            async for push in self._frames(ws, life_end):
-                self._delivered(push["MessageData"])
-                await ws.send_str(push["MessageCode"])
+            async for raw in self._frames(ws, life_end):
+                push = decode_push(raw)
+                if push is not None:
+                    self._delivered(push["data"])
+                    await ws.send_str(push["code"])
 
 
 def soak(h: Harness, node: Node, protocol: str) -> list[Row]:

@@ -45,6 +45,7 @@ from kapok.errors import (
     UnknownCodeError,
     UnsupportedError,
 )
+from kapok.protocol.native import Settle
 from kapok.tasks import cancel_and_wait, spawn
 
 __all__ = ["Consumer", "Message"]
@@ -103,7 +104,7 @@ class Message:
         """Still working on it: extends its ack deadline."""
         self._settle("touch")
 
-    def _settle(self, op: str, requeue: bool = True) -> None:
+    def _settle(self, op: Settle, requeue: bool = True) -> None:
         if self._consumer.spec.ack == "auto":
             raise UnsupportedError(f"{op} on an auto-ack subscription: the message is settled already")
         if op != "ack" and not self._session.supports_nack:

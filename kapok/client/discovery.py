@@ -18,11 +18,9 @@ import aiohttp
 from kapok.client.session import remote_error
 from kapok.client.view import Member, members_from_nodes, members_from_registry
 from kapok.errors import AuthError, KapokError, UnavailableError
+from kapok.protocol.kapokmq import KEY_ERROR
 
 __all__ = ["Discovery", "normalize_seeds"]
-
-KEY_ERROR = "Secret key matching error"
-
 
 def normalize_seeds(seeds: Sequence[str] | str) -> list[str]:
     items = [seeds] if isinstance(seeds, str) else list(seeds)

@@ -18,7 +18,6 @@ import math
 from typing import Any
 
 import aiohttp
-import orjson
 from aiohttp import WSMsgType
 
 from kapok.client.session import Deliver, SubSpec
@@ -30,12 +29,12 @@ from kapok.errors import (
     NotActiveError,
     UnsupportedError,
 )
+from kapok.protocol.kapokmq import ASK_KEY, KEY_OK, decode_push, decode_reply, encode_produce
+from kapok.protocol.native import Settle
 from kapok.tasks import spawn
 
 __all__ = ["KapokMQSession", "compat_frame"]
 
-ASK_KEY = "Please enter the secret key"
-KEY_OK = "Secret key matching succeeded"
 HANDSHAKE_TIMEOUT_S = 10.0
 
 _sub_ids = itertools.count(1)
@@ -47,8 +46,7 @@ def compat_frame(msg: dict[str, Any]) -> str:
     if extra or msg.get("enc"):
         what = "binary data" if msg.get("enc") else ", ".join(sorted(extra))
         raise UnsupportedError(f"the KapokMQ protocol cannot carry {what}")
-    delay = math.ceil(msg.get("delay_s", 0))
-    return orjson.dumps({"MessageData": msg["data"], "DelayTime": delay}).decode()
+    return encode_produce(msg["data"], math.ceil(msg.get("delay_s", 0)))
 
 
 async def _open(http: aiohttp.ClientSession, url: str, secret: str, name: str) -> Any:
@@ -91,15 +89,8 @@ class _ProducerSocket:
             async for msg in self.ws:
                 if msg.type is not WSMsgType.TEXT or not self.waiting:
                     break
-                future = self.waiting.popleft()
-                if msg.data == "ok":
-                    future.set_result("")
-                else:
-                    try:
-                        text = orjson.loads(msg.data).get("msg", msg.data)
-                    except (orjson.JSONDecodeError, AttributeError):
-                        text = msg.data
-                    future.set_result(KapokError(str(text)))
+                refusal = decode_reply(msg.data)
+                self.waiting.popleft().set_result("" if refusal is None else KapokError(refusal))
         finally:
             for future in self.waiting:
                 future.set_exception(ConnectionLostError(f"lost the producer connection to {self.name}"))
@@ -169,17 +160,11 @@ class KapokMQSession:
         async for msg in ws:
             if msg.type is not WSMsgType.TEXT:
                 break
-            push = orjson.loads(msg.data)
-            if not isinstance(push, dict) or "MessageCode" not in push:
-                continue  # {"code": -1, ...}: nothing to deliver
-            deliver(sub, [{
-                "code": push["MessageCode"], "topic": push.get("Topic", ""),
-                "data": push.get("MessageData", ""), "key": "", "priority": 0,
-                "create_time": push.get("CreateTime", 0), "attempts": 0,
-                "redelivered": False,
-            }])  # fmt: skip
+            message = decode_push(msg.data)
+            if message is not None:  # else {"code": -1, ...}: nothing to deliver
+                deliver(sub, [message])
 
-    def settle(self, op: str, sub: int, codes: list[str], requeue: bool = True) -> None:
+    def settle(self, op: Settle, sub: int, codes: list[str], requeue: bool = True) -> None:
         if op != "ack":
             raise UnsupportedError(f"the KapokMQ protocol has no {op}")
         ws = self._consumers.get(sub)

@@ -16,12 +16,13 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
-import orjson
 from aiohttp import WSMsgType
 
 from kapok.client.session import Deliver, SubSpec, remote_error
 from kapok.client.view import Member
 from kapok.errors import AuthError, ConnectionLostError, KapokError, NotActiveError
+from kapok.protocol.fields import MAX_CODES
+from kapok.protocol.native import Settle, decode_frame, encode_pong, encode_pub, encode_settle, encode_sub
 from kapok.tasks import spawn
 
 __all__ = ["MAX_FRAME_BYTES", "NativeSession", "connect_native"]
@@ -29,7 +30,6 @@ __all__ = ["MAX_FRAME_BYTES", "NativeSession", "connect_native"]
 log = logging.getLogger("kapok.client")
 
 MAX_FRAME_BYTES = 64 * 1024 * 1024  # a push frame is ~256 KiB; bounded all the same
-MAX_CODES = 10_000  # per ack/nack/touch frame, the node's limit
 _DATA = (WSMsgType.TEXT, WSMsgType.BINARY)
 
 
@@ -76,7 +76,7 @@ class NativeSession:
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._subscribing: dict[int, Deliver] = {}
         self._deliver: dict[int, Deliver] = {}
-        self._settles: dict[tuple[str, int, bool], list[str]] = {}
+        self._settles: dict[tuple[Settle, int, bool], list[str]] = {}
         self._flushing = False
         self._closed = False
         self._done = asyncio.Event()
@@ -88,40 +88,38 @@ class NativeSession:
 
     # ------------------------------------------------------------ requests
 
-    async def _request(self, frame: dict[str, Any]) -> dict[str, Any]:
+    def _new_id(self) -> int:
         if self._closed:
             raise ConnectionLostError(f"the connection to {self.member.name} is closed", False)
         rid = self._next_id
         self._next_id = rid + 1
+        return rid
+
+    async def _request(self, rid: int, frame: bytes) -> dict[str, Any]:
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = future
-        frame["id"] = rid
         try:
-            await self._ws.send_bytes(orjson.dumps(frame))
+            await self._ws.send_bytes(frame)
         except (ConnectionError, RuntimeError, aiohttp.ClientError) as exc:
             self._lost(f"write failed: {exc}")
         return await future
 
     async def publish(self, msgs: list[dict[str, Any]], topic: str | None = None) -> list[str | KapokError]:
-        frame: dict[str, Any] = {"op": "pub", "msgs": msgs}
-        if topic is not None:
-            frame["topic"] = topic
-        reply = await self._request(frame)
+        rid = self._new_id()
+        reply = await self._request(rid, encode_pub(rid, msgs, topic))
         codes: list[str | KapokError] = reply["codes"]
         return codes
 
     async def subscribe(self, spec: SubSpec, deliver: Deliver) -> int:
-        frame: dict[str, Any] = {"op": "sub", "topic": spec.topic, "ack": spec.ack}
-        for name in ("group", "key", "prefetch", "weight"):
-            value = getattr(spec, name)
-            if value is not None:
-                frame[name] = value
-        self._subscribing[self._next_id] = deliver
-        reply = await self._request(frame)
+        rid = self._new_id()
+        options = {"group": spec.group, "key": spec.key, "prefetch": spec.prefetch, "weight": spec.weight}
+        frame = encode_sub(rid, spec.topic, spec.ack, **options)
+        self._subscribing[rid] = deliver
+        reply = await self._request(rid, frame)
         sub: int = reply["sub"]
         return sub
 
-    def settle(self, op: str, sub: int, codes: list[str], requeue: bool = True) -> None:
+    def settle(self, op: Settle, sub: int, codes: list[str], requeue: bool = True) -> None:
         if self._closed:
             raise ConnectionLostError(f"the connection to {self.member.name} is closed", False)
         self._settles.setdefault((op, sub, requeue), []).extend(codes)
@@ -132,13 +130,11 @@ class NativeSession:
     def _flush_settles(self) -> None:
         self._flushing = False
         settles, self._settles = self._settles, {}
-        frames = []
-        for (op, sub, requeue), codes in settles.items():
-            for i in range(0, len(codes), MAX_CODES):
-                frame: dict[str, Any] = {"op": op, "sub": sub, "codes": codes[i : i + MAX_CODES]}
-                if op == "nack":
-                    frame["requeue"] = requeue
-                frames.append(orjson.dumps(frame))
+        frames = [
+            encode_settle(op, sub, codes[i : i + MAX_CODES], requeue)
+            for (op, sub, requeue), codes in settles.items()
+            for i in range(0, len(codes), MAX_CODES)
+        ]
         if frames and not self._closed:
             spawn(self._send_all(frames))
 
@@ -170,21 +166,21 @@ class NativeSession:
             self._done.set()
 
     def _on_frame(self, raw: bytes) -> None:
-        frame = orjson.loads(raw)
+        frame = decode_frame(raw)
         op = frame.get("op")
         if op == "msg":
-            sub = frame.get("sub")
+            sub: Any = frame.get("sub")
             deliver = self._deliver.get(sub)
             if deliver is not None:
                 deliver(sub, frame["msgs"])
             return
-        rid = frame.get("id")
+        rid: Any = frame.get("id")
         if op == "subok":
             deliver = self._subscribing.pop(rid, None)
             if deliver is not None:
                 self._deliver[frame["sub"]] = deliver
         elif op == "ping":
-            spawn(self._send_all([orjson.dumps({"op": "pong", "id": rid})]))
+            spawn(self._send_all([encode_pong(rid)]))
             return
         elif op == "error":
             self._subscribing.pop(rid, None)

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from kapok.client.view import Member
 from kapok.errors import KapokError, UnknownCodeError, error_for_code
+from kapok.protocol.native import Settle
 
 __all__ = ["Connector", "Deliver", "NodeSession", "SubSpec", "remote_error"]
 
@@ -55,7 +56,7 @@ class NodeSession(Protocol):
         """Subscribe; ``deliver`` gets every push of it. Returns the subscription id."""
         ...
 
-    def settle(self, op: str, sub: int, codes: list[str], requeue: bool = True) -> None:
+    def settle(self, op: Settle, sub: int, codes: list[str], requeue: bool = True) -> None:
         """Queue an ``ack``, ``nack`` or ``touch`` (sent in one frame per loop turn)."""
         ...
 

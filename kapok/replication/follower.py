@@ -51,7 +51,8 @@ from kapok.config import ReplicationConfig
 from kapok.core.replay import Mirror
 from kapok.errors import KapokError, ReplicationError, SyncRefusedError
 from kapok.replication.link import LinkFactory, SyncLink
-from kapok.replication.protocol import SNAPSHOT, History
+from kapok.protocol.sync import SNAPSHOT
+from kapok.replication.protocol import History
 from kapok.replication.session import Append, FollowerSession, HandOver, control, parse_start
 from kapok.replication.state import PairState
 from kapok.storage.wal import WriteAheadLog

@@ -16,7 +16,7 @@ from aiohttp import WSCloseCode, WSMessage, WSMsgType
 
 from kapok.clock import loop_time
 from kapok.errors import ReplicationError
-from kapok.replication.protocol import decode_control, encode_control
+from kapok.protocol.sync import decode_control, encode_control
 from kapok.replication.session import Frame, refused
 
 __all__ = ["LinkFactory", "SyncLink", "WebSocket"]

@@ -1,4 +1,4 @@
-"""The master/slave link's rules, free of I/O: its frames, epoch histories, and when to act.
+"""The master/slave link's rules, free of I/O: epoch histories, and when to act.
 
 Theory of operation. A pair is two nodes; at any time one *leads* (takes producers and
 consumers, writes the log) and the other *follows* (mirrors the log, serves no client).
@@ -11,7 +11,7 @@ there. Records travel in the very batches the leader's WAL wrote (binary ``R`` f
 first LSN, count, payload), so the follower writes and applies exactly what the leader
 logged, under the same LSNs, and acks the LSN it has made durable (``ack``). Both sides
 send ``ping`` with their epoch, their log's end and the time; silence on the link is what
-the follower watches.
+the follower watches. The frames themselves are ``kapok.protocol.sync``'s.
 
 Epochs fence a pair. Every node keeps, durably, its epoch and its *history*: the LSN at
 which each epoch began (Kafka's leader epochs). A follower that takes over raises the
@@ -29,17 +29,12 @@ changes; ``kapok.replication.session`` holds the rules of one link's two ends. D
 from __future__ import annotations
 
 import enum
-import struct
 from dataclasses import dataclass
 from typing import Any, Final
-
-import orjson
 
 from kapok.errors import ReplicationError
 
 __all__ = [
-    "RECORDS",
-    "SNAPSHOT",
     "TRANSITIONS",
     "Action",
     "Event",
@@ -47,10 +42,6 @@ __all__ = [
     "History",
     "Role",
     "assess",
-    "decode_control",
-    "decode_records",
-    "encode_control",
-    "encode_records",
     "end_of_epoch",
     "history_from_json",
     "is_isolated",
@@ -60,14 +51,6 @@ __all__ = [
 ]
 
 History = tuple[tuple[int, int], ...]  # (epoch, the LSN of its first record), oldest first
-
-RECORDS: Final = b"R"  # + first LSN, count, then a WAL batch payload
-SNAPSHOT: Final = b"S"  # + snapshot frames as a snapshot file holds them
-_RECORDS_HEAD: Final = struct.Struct(">QI")
-
-# Control frames are JSON objects with an "op"; these are every op of the link.
-OPS: Final = frozenset({"hello", "start", "snapshot_end", "ack", "ping", "handover", "promoted", "refused"})
-MAX_CONTROL_BYTES: Final = 64 * 1024
 
 
 class Role(enum.StrEnum):
@@ -264,51 +247,3 @@ def history_from_json(value: Any) -> History:
             raise ReplicationError(f"bad history entry {item!r}: epochs and LSNs must grow")
         out.append((item[0], item[1]))
     return tuple(out)
-
-
-# ---------------------------------------------------------------- frames
-
-
-def encode_control(op: str, **fields: Any) -> bytes:
-    return orjson.dumps({"op": op, **fields})
-
-
-def decode_control(raw: str | bytes) -> dict[str, Any]:
-    if len(raw) > MAX_CONTROL_BYTES:
-        raise ReplicationError("control frame too large")
-    try:
-        frame = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise ReplicationError("control frame is not JSON") from None
-    if not isinstance(frame, dict) or frame.get("op") not in OPS:
-        raise ReplicationError(f"unknown control frame {str(raw)[:80]!r}")
-    return frame
-
-
-def encode_records(first_lsn: int, count: int, payload: bytes) -> bytes:
-    return RECORDS + _RECORDS_HEAD.pack(first_lsn, count) + payload
-
-
-def decode_records(frame: bytes) -> tuple[int, int, memoryview]:
-    """``(first LSN, count, payload)`` of an ``R`` frame."""
-    head = _RECORDS_HEAD.size + 1
-    if len(frame) < head or frame[:1] != RECORDS:
-        raise ReplicationError("not a records frame")
-    first_lsn, count = _RECORDS_HEAD.unpack_from(frame, 1)
-    if count < 1:
-        raise ReplicationError("a records frame without records")
-    return first_lsn, count, memoryview(frame)[head:]
-
-
-def get_int(frame: dict[str, Any], name: str) -> int:
-    value = frame.get(name)
-    if type(value) is not int or value < 0:
-        raise ReplicationError(f"{frame.get('op')}: field {name!r} must be a non-negative integer")
-    return value
-
-
-def get_str(frame: dict[str, Any], name: str, default: str | None = None) -> str:
-    value = frame.get(name, default)
-    if not isinstance(value, str):
-        raise ReplicationError(f"{frame.get('op')}: field {name!r} must be a string")
-    return value

@@ -45,7 +45,7 @@ import orjson
 
 from kapok.config import Config
 from kapok.core import changes as ch
-from kapok.replication.protocol import SNAPSHOT
+from kapok.protocol.sync import SNAPSHOT
 from kapok.storage.disk import DiskStore, begin_transfer
 from kapok.storage.records import encode_end, encode_payload, frame_header
 

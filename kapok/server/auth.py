@@ -16,15 +16,13 @@ import logging
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from kapok.errors import AuthBlockedError
+from kapok.protocol.kapokmq import ASK_KEY, KEY_ERROR, KEY_OK
 from kapok.server.conntable import ConnState
 from kapok.server.guard import set_state, trust
 from kapok.server.keys import SERVICE
 from kapok.server.throttle import Accept, Blocked, Reject, Verdict
 
 __all__ = [
-    "ASK_KEY",
-    "KEY_ERROR",
-    "KEY_OK",
     "bearer_token",
     "blocked_error",
     "check_key",
@@ -34,12 +32,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("kapok.server")
-
-# The KapokMQ handshake strings, byte for byte.
-ASK_KEY = "Please enter the secret key"
-KEY_OK = "Secret key matching succeeded"
-KEY_ERROR = "Secret key matching error"
-
 
 def key_matches(given: str | None, secret: str) -> bool:
     return given is not None and hmac.compare_digest(given.encode(), secret.encode())

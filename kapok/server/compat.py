@@ -15,14 +15,15 @@ import logging
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-import orjson
 from aiohttp import WSMsgType, web
 
 from kapok.core.broker import Draft
 from kapok.core.model import Consumer, Entry
 from kapok.errors import BadRequestError, KapokError, UnavailableError
-from kapok.server.auth import KEY_ERROR, check_key, compat_handshake
-from kapok.server.codec import client_label, compat_draft, compat_fields_draft, compat_pushes
+from kapok.protocol.fields import client_label
+from kapok.protocol.kapokmq import KEY_ERROR, decode_produce, draft_from_fields, encode_error, encode_pushes
+from kapok.protocol.kapokmq import OK as OK_TEXT
+from kapok.server.auth import check_key, compat_handshake
 from kapok.server.keys import SERVICE
 from kapok.server.outbox import Outbox
 from kapok.server.responses import json_response, read_form
@@ -36,11 +37,7 @@ T = TypeVar("T")
 log = logging.getLogger("kapok.server")
 routes = web.RouteTableDef()
 
-OK = b"ok"
-
-
-def compat_error(message: str) -> bytes:
-    return orjson.dumps({"code": -1, "msg": message})
+OK = OK_TEXT.encode()
 
 
 def _client_ip(request: web.Request) -> str:
@@ -103,12 +100,12 @@ class _Publisher(_TurnBatch[Draft]):
         """Reply with an error to a frame that was not a message (after the frames before it)."""
         self.flush()
         self.service.count_bad_input(kind)
-        self.outbox.send(compat_error(message))
+        self.outbox.send(encode_error(message))
 
     def draft(self, text: str) -> Draft | None:
         """The draft of one text frame; None once a bad frame's error is answered."""
         try:
-            return compat_draft(text, self.topic, self.producer_id)
+            return decode_produce(text, self.topic, self.producer_id)
         except KapokError as exc:
             self.error("compat_producer_frame", exc.message)
             return None
@@ -130,25 +127,25 @@ class _Publisher(_TurnBatch[Draft]):
         try:
             _, durable = self.service.publish(drafts)
         except UnavailableError as exc:  # the node takes no writes now: not the frames' fault
-            self.outbox.send_many([compat_error(exc.message)] * len(drafts))
+            self.outbox.send_many([encode_error(exc.message)] * len(drafts))
             return
         except KapokError as exc:
             if len(drafts) == 1:
                 self.service.count_bad_input("compat_producer_frame")
-                self.outbox.send(compat_error(exc.message))
+                self.outbox.send(encode_error(exc.message))
                 return
             for draft in drafts:
                 self.handle([draft])
             return
         except Exception:  # a bug: answer every frame, keep the socket and the node
             log.exception("unexpected error publishing KapokMQ frames")
-            self.outbox.send_many([compat_error("internal error; see the node's log")] * len(drafts))
+            self.outbox.send_many([encode_error("internal error; see the node's log")] * len(drafts))
             return
         self.outbox.send_many([OK] * len(drafts), after=durable, refuse=_refusal)
 
 
 def _refusal(exc: KapokError) -> bytes:
-    return compat_error(exc.message)
+    return encode_error(exc.message)
 
 
 def _direct(
@@ -215,7 +212,7 @@ class _CompatConsumer:
         self.outbox = outbox
 
     def push(self, consumer: Consumer, entries: list[Entry], after: asyncio.Future[None] | None) -> None:
-        self.outbox.send_many(compat_pushes([entry.msg for entry in entries]), after=after)
+        self.outbox.send_many(encode_pushes([entry.msg for entry in entries]), after=after)
 
 
 @routes.get("/Consumers/Conn/{topic}/{consumer_id}")
@@ -231,7 +228,7 @@ async def consumer_ws(request: web.Request) -> web.StreamResponse:
             consumer = service.subscribe(sink, topic, name=consumer_id, room=outbox.free_bytes)
         except KapokError as exc:
             # Written directly: the outbox is torn down with the socket below.
-            await ws.send_str(compat_error(exc.message).decode())
+            await ws.send_str(encode_error(exc.message).decode())
             await ws.close()
             return ws
         cid = consumer.id
@@ -298,7 +295,7 @@ async def producer_send(request: web.Request) -> web.Response:
             delay_s = int(delay or "")
         except ValueError:
             raise BadRequestError("delayTime must be an integer number of seconds") from None
-        draft = compat_fields_draft(data, delay_s, topic, "http:" + _client_ip(request))
+        draft = draft_from_fields(data, delay_s, topic, "http:" + _client_ip(request))
         codes, durable = service.publish([draft])
         if durable is not None:
             await durable

@@ -17,9 +17,9 @@ from aiohttp import web
 
 from kapok.config import Config
 from kapok.errors import AuthBlockedError, BadRequestError
-from kapok.server.auth import KEY_ERROR, check_key
+from kapok.protocol.kapokmq import KEY_ERROR, message_object
+from kapok.server.auth import check_key
 from kapok.server.cluster_view import compat_nodes
-from kapok.server.codec import compat_message
 from kapok.server.keys import SERVICE
 from kapok.server.responses import int_field, json_response, read_form
 from kapok.server.search import MessageQuery, search_messages
@@ -151,7 +151,7 @@ async def get_message_list(request: web.Request, service: BrokerService) -> Any:
     found = search_messages(service.broker.messages, query, now, page, size)
     rows = []
     for msg in found.messages:
-        row = compat_message(msg, now)
+        row = message_object(msg, now)
         row["MessageData"] = ""  # as in KapokMQ: the list carries no payloads
         rows.append(row)
     return {"code": 0, "data": rows, "total": found.total}
@@ -163,7 +163,7 @@ async def get_message(request: web.Request, service: BrokerService) -> Any:
     msg = service.broker.messages.get(form.get("messageCode", ""))
     if msg is None:
         return {"code": -1, "data": "error", "msg": "no message with that code"}
-    return {"code": 0, "data": compat_message(msg, service.now())}
+    return {"code": 0, "data": message_object(msg, service.now())}
 
 
 @_console("/Console/DelMessage")

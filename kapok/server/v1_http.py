@@ -13,15 +13,8 @@ from aiohttp import web
 from kapok.core.broker import Settle
 from kapok.core.topics import Topic
 from kapok.errors import BadRequestError, NotFoundError
-from kapok.server.codec import (
-    client_label,
-    decode_object,
-    draft_from_json,
-    get_bool,
-    get_codes,
-    get_str,
-    message_json,
-)
+from kapok.protocol.fields import client_label, decode_object, get_bool, get_codes, get_str
+from kapok.protocol.native import draft_from_json, message_json
 from kapok.server.keys import SERVICE
 from kapok.server.responses import json_response, number_field
 

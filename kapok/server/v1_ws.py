@@ -1,10 +1,4 @@
-"""The native protocol: JSON frames over one WebSocket at ``/v1/ws``.
-
-Every request may carry an ``id``; replies and errors echo it. Frame types
-(all documented in the README):
-
-    client -> server   pub, sub, unsub, ack, nack, touch, credit, ping, pong
-    server -> client   puback, subok, ok, msg, error, ping, pong
+"""The native protocol's WebSocket route, ``/v1/ws`` (its frames: ``kapok.protocol.native``).
 
 ``puback`` is sent only once the batch is durable under ``storage.fsync``.
 Pushes for one subscription are batched into ``msg`` frames. Errors never
@@ -18,7 +12,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 from aiohttp import WSMsgType, web
 
 from kapok.core.model import Consumer, Entry
@@ -30,14 +23,16 @@ from kapok.errors import (
     UnknownCodeError,
     UnknownOpError,
 )
-from kapok.server.codec import (
-    client_label,
-    decode_object,
+from kapok.protocol.fields import client_label, decode_object, get_bool, get_codes, get_int, get_str
+from kapok.protocol.native import (
+    CLIENT_OPS,
     draft_from_json,
-    get_bool,
-    get_codes,
-    get_int,
-    get_str,
+    encode_error,
+    encode_msg,
+    encode_ok,
+    encode_pong,
+    encode_puback,
+    encode_subok,
     message_json,
 )
 from kapok.server.keys import SERVICE
@@ -56,13 +51,6 @@ routes = web.RouteTableDef()
 PUSH_FRAME_BYTES = 256 * 1024
 # The consoles list at most this many topics a connection has published to.
 MAX_LISTED_TOPICS = 100
-
-
-def error_frame(exc: KapokError, rid: Any) -> bytes:
-    frame: dict[str, Any] = {"op": "error", "id": rid, "code": exc.code, "message": exc.message}
-    if isinstance(exc, UnknownCodeError):
-        frame["codes"] = exc.codes
-    return orjson.dumps(frame)
 
 
 class NativeConnection:
@@ -87,6 +75,7 @@ class NativeConnection:
             "ping": self.on_ping,
             "pong": self.on_pong,
         }
+        assert tuple(self._ops) == CLIENT_OPS
 
     def handle(self, raw: str | bytes) -> None:
         rid: Any = None
@@ -101,15 +90,14 @@ class NativeConnection:
         except KapokError as exc:
             if not isinstance(exc, UnavailableError):  # the node's state, not the frame's fault
                 self.service.count_bad_input(f"v1_{exc.code}")
-            self.outbox.send(error_frame(exc, rid))
+            self.outbox.send(encode_error(exc, rid))
         except Exception:  # a bug: keep the connection and the node alive
             log.exception("unexpected error handling a /v1/ws frame")
-            self.outbox.send(error_frame(KapokError("internal error; see the node's log"), rid))
+            self.outbox.send(encode_error(KapokError("internal error; see the node's log"), rid))
 
-    def reply(self, rid: Any, frame: dict[str, Any]) -> None:
+    def reply(self, rid: Any, **fields: Any) -> None:
         if rid is not None:
-            frame["id"] = rid
-            self.outbox.send(orjson.dumps(frame))
+            self.outbox.send(encode_ok(rid, **fields))
 
     # ------------------------------------------------------------ producing
 
@@ -127,9 +115,9 @@ class NativeConnection:
         if len(published) < MAX_LISTED_TOPICS:
             published.update({d.topic for d in drafts})
         self.outbox.send(
-            orjson.dumps({"op": "puback", "id": rid, "codes": codes}),
+            encode_puback(rid, codes),
             after=durable,
-            refuse=lambda exc: error_frame(exc, rid),
+            refuse=lambda exc: encode_error(exc, rid),
         )
 
     # ------------------------------------------------------------ consuming
@@ -164,11 +152,7 @@ class NativeConnection:
         # broker may produce inside subscribe() already.
         self.subs[consumer.id] = consumer
         self.info.subscriptions.add(consumer.id)
-        frame = {
-            "op": "subok", "id": self._sub_rid, "sub": consumer.id, "group": consumer.group.name,
-            "prefetch": consumer.prefetch,
-        }  # fmt: skip
-        self.outbox.send(orjson.dumps(frame))
+        self.outbox.send(encode_subok(self._sub_rid, consumer.id, consumer.group.name, consumer.prefetch))
 
     def _share_room(self, room: int) -> None:
         """The outbox drained: share what it can take among the subscriptions that ran out."""
@@ -197,8 +181,7 @@ class NativeConnection:
         self, consumer: Consumer, msgs: list[dict[str, Any]], after: asyncio.Future[None] | None
     ) -> None:
         on_sent = self._auto_acker(consumer.id, [m["code"] for m in msgs]) if consumer.auto_ack else None
-        frame = orjson.dumps({"op": "msg", "sub": consumer.id, "msgs": msgs})
-        self.outbox.send(frame, after=after, on_sent=on_sent)
+        self.outbox.send(encode_msg(consumer.id, msgs), after=after, on_sent=on_sent)
 
     def _auto_acker(self, consumer_id: int, codes: list[str]) -> Callable[[], None]:
         def ack() -> None:
@@ -218,12 +201,12 @@ class NativeConnection:
         del self.subs[sub]
         self.info.subscriptions.discard(sub)
         self.service.unsubscribe(sub)
-        self.reply(rid, {"op": "ok"})
+        self.reply(rid)
 
     def _settled(self, rid: Any, unknown: list[str]) -> None:
         if unknown:
             raise UnknownCodeError(f"{len(unknown)} code(s) are not held by this subscription", unknown)
-        self.reply(rid, {"op": "ok"})
+        self.reply(rid)
 
     def on_ack(self, frame: dict[str, Any], rid: Any) -> None:
         sub = self._sub(frame)
@@ -241,10 +224,10 @@ class NativeConnection:
     def on_credit(self, frame: dict[str, Any], rid: Any) -> None:
         sub = self._sub(frame)
         got = self.service.set_prefetch(sub, get_int(frame, "prefetch", None, lo=1, hi=1_000_000))
-        self.reply(rid, {"op": "ok", "prefetch": got})
+        self.reply(rid, prefetch=got)
 
     def on_ping(self, frame: dict[str, Any], rid: Any) -> None:
-        self.outbox.send(orjson.dumps({"op": "pong", "id": rid}))
+        self.outbox.send(encode_pong(rid))
 
     def on_pong(self, frame: dict[str, Any], rid: Any) -> None:
         return None  # any frame proves liveness; aiohttp's heartbeat does the rest

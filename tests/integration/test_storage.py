@@ -43,6 +43,7 @@ from kapok.core.broker import Broker, Draft
 from kapok.core.changes import GroupCreated
 from kapok.core.model import Consumer, Entry
 from kapok.node.app import make_app
+from kapok.protocol.native import decode_frame, encode_pub
 from kapok.server.service import BrokerService
 from kapok.storage import disk as disk_module
 from kapok.storage.disk import DiskStore
@@ -167,7 +168,7 @@ class Ws:
         except TimeoutError:
             return False
         assert msg.type in (WSMsgType.TEXT, WSMsgType.BINARY), (msg.type, msg.data)
-        frame = json.loads(msg.data)
+        frame = decode_frame(msg.data)
         if frame.get("op") == "msg":
             self.inbox.setdefault(frame["sub"], []).extend(frame["msgs"])
         else:
@@ -195,8 +196,11 @@ class Ws:
         return await self.reply(await self.send(op, **fields))
 
     async def pub(self, topic: str, *msgs: str | Frame) -> list[str]:
-        items = [m if isinstance(m, dict) else {"data": m} for m in msgs]
-        frame = await self.request("pub", topic=topic, msgs=items)
+        self._rid += 1
+        await self.ws.send_bytes(
+            encode_pub(self._rid, [m if isinstance(m, dict) else {"data": m} for m in msgs], topic)
+        )
+        frame = await self.reply(self._rid)
         assert frame["op"] == "puback", frame
         codes: list[str] = frame["codes"]
         return codes

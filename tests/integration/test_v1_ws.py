@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from kapok.protocol.native import decode_frame, encode_pub
 from kapok.testing import ManualClock, eventually
 
 CODE_RE = re.compile(r"^[0-9a-f]{32}$")
@@ -52,9 +53,7 @@ class Ws:
         if msg.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
             text = msg.data if isinstance(msg.data, str) else msg.data.decode()
             assert "Traceback" not in text
-            frame = json.loads(text)
-            assert isinstance(frame, dict), frame
-            return frame
+            return decode_frame(text)
         raise AssertionError(f"connection ended: {msg.type} {msg.data!r} {msg.extra!r}")
 
     async def poll(self, pred: Callable[[Frame], bool], timeout: float) -> Frame | None:
@@ -86,8 +85,11 @@ class Ws:
         return await self.reply(await self.send(op, **fields))
 
     async def pub(self, topic: str, *msgs: str | Frame) -> list[str]:
-        items = [m if isinstance(m, dict) else {"data": m} for m in msgs]
-        answer = await self.request("pub", topic=topic, msgs=items)
+        self._rid += 1
+        await self.ws.send_bytes(
+            encode_pub(self._rid, [m if isinstance(m, dict) else {"data": m} for m in msgs], topic)
+        )
+        answer = await self.reply(self._rid)
         assert answer["op"] == "puback", answer
         codes: list[str] = answer["codes"]
         return codes

@@ -1,6 +1,6 @@
 """Fuzzing every parser of outside input: nothing escapes but the documented errors.
 
-* KapokMQ producer frames (``compat_draft``): a ``Draft`` or ``BadRequestError``.
+* KapokMQ producer frames (``decode_produce``): a ``Draft`` or ``BadRequestError``.
 * Native frames, through ``NativeConnection.handle`` on a real broker: every frame gets a
   reply or an ``error`` frame with a documented code, never ``internal`` (a bug's answer).
 * WAL batches (``decode_payload``, ``FrameReader``): records or ``StorageError`` / a
@@ -24,8 +24,10 @@ from kapok.config import Config
 from kapok.core import changes as ch
 from kapok.core.model import Draft
 from kapok.errors import BadRequestError, KapokError, ReplicationError, StorageError
-from kapok.replication.protocol import decode_control, decode_records, encode_records, history_from_json
-from kapok.server.codec import compat_draft, draft_from_json
+from kapok.protocol.kapokmq import decode_produce
+from kapok.protocol.native import draft_from_json
+from kapok.protocol.sync import decode_control, decode_records, encode_records
+from kapok.replication.protocol import history_from_json
 from kapok.server.service import BrokerService, ClientInfo
 from kapok.server.v1_ws import NativeConnection
 from kapok.storage import records
@@ -66,7 +68,7 @@ compat_objects = st.dictionaries(
 @given(st.binary(max_size=200) | compat_objects.map(orjson.dumps) | json_values.map(_json_bytes))
 def test_compat_frames_are_a_draft_or_a_bad_request(raw: bytes) -> None:
     try:
-        draft = compat_draft(raw, "t", "p")
+        draft = decode_produce(raw, "t", "p")
     except BadRequestError as exc:
         assert exc.message
         return

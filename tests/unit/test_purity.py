@@ -15,7 +15,7 @@ PACKAGE = Path(kapok.__file__).parent
 PURE_FILES = sorted(
     [
         *(PACKAGE / "core").glob("*.py"),
-        PACKAGE / "server" / "codec.py",
+        *(PACKAGE / "protocol").glob("*.py"),
         *(
             PACKAGE / "cluster" / f"{name}.py"
             for name in ("broadcasts", "codec", "config", "membership", "messages", "suspicion", "swim")
@@ -27,7 +27,9 @@ PURE_FILES = sorted(
 )
 PURE_MODULES = [
     "kapok.core",
-    "kapok.server.codec",
+    "kapok.protocol.native",
+    "kapok.protocol.kapokmq",
+    "kapok.protocol.sync",
     "kapok.errors",
     "kapok.config",
     "kapok.cluster.swim",
@@ -86,6 +88,7 @@ def test_the_broker_never_loads_spark(module: str) -> None:
 @pytest.mark.parametrize(
     ("package", "above"),
     [
+        ("kapok.protocol", ("kapok.client", "kapok.server", "kapok.bench", "kapok.replication", "kapok.cli")),
         ("kapok.server", ("kapok.node", "kapok.console", "kapok.cli", "kapok.bench")),
         ("kapok.console", ("kapok.node", "kapok.cli", "kapok.bench")),
         ("kapok.replication", ("kapok.node", "kapok.server", "kapok.console", "kapok.bench", "kapok.launch")),
@@ -104,6 +107,24 @@ def test_a_layer_loads_none_above_it(package: str, above: tuple[str, ...]) -> No
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = [m for m in out.stdout.split() if m.startswith(above)]
     assert loaded == [], f"{package} loads {loaded}"
+
+
+RUNTIME = ["core", "protocol", "storage", "cluster", "replication", "server", "client", "console", "node"]
+
+
+@pytest.mark.parametrize("package", RUNTIME)
+def test_no_runtime_package_loads_the_test_helpers(package: str) -> None:
+    # kapok.testing (fault injection, simulated networks, manual clocks) serves tests and
+    # measuring tools; a node or a client never loads it.
+    code = (
+        "import importlib, pkgutil, sys\n"
+        f"pkg = importlib.import_module('kapok.{package}')\n"
+        "for info in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + '.'):\n"
+        "    importlib.import_module(info.name)\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith(('kapok.testing', 'kapok.bench')))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [], f"kapok.{package} loads {out.stdout.split()}"
 
 
 def test_the_archiver_process_loads_no_broker_no_config_no_asyncio() -> None:

@@ -15,10 +15,6 @@ from kapok.replication.protocol import (
     Facts,
     Role,
     assess,
-    decode_control,
-    decode_records,
-    encode_control,
-    encode_records,
     end_of_epoch,
     history_from_json,
     leads_at_start,
@@ -199,18 +195,6 @@ def test_bad_histories_are_refused(value: object) -> None:
 
 def test_history_round_trip() -> None:
     assert history_from_json([[1, 0], [2, 120]]) == ((1, 0), (2, 120))
-
-
-def test_frames() -> None:
-    first, count, payload = decode_records(encode_records(2**40, 3, b"payload"))
-    assert (first, count, bytes(payload)) == (2**40, 3, b"payload")
-    assert decode_control(encode_control("ack", lsn=5)) == {"op": "ack", "lsn": 5}
-    for bad in (b"R", b"S" + b"\0" * 20, encode_records(1, 0, b"")):
-        with pytest.raises(ReplicationError):
-            decode_records(bad)
-    for bad_control in (b"nope", b"[1]", b'{"op": "launch"}', b'{"op": "ack"' + b" " * 70000 + b"}"):
-        with pytest.raises(ReplicationError):
-            decode_control(bad_control)
 
 
 @pytest.mark.parametrize(

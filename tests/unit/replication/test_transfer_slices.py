@@ -13,7 +13,7 @@ import pytest
 
 from kapok.core import changes as ch
 from kapok.replication import transfer
-from kapok.replication.protocol import SNAPSHOT
+from kapok.protocol.sync import SNAPSHOT
 from kapok.storage.records import decode_frames
 
 T0 = 1_700_000_000.0
