@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestServer
@@ -17,6 +18,7 @@ from kapok.testing.inprocess import InProcessNode
 # The session's last step: kill every process group kapok.launch started that is still running
 # (a test that failed or timed out before stopping its nodes) and fail the run if there was any.
 from kapok.testing.leakcheck import pytest_sessionfinish, pytest_testnodedown  # noqa: F401
+from kapok.testing.slow import ENV, factor, scale_launch_deadlines, scaled
 
 SECRET = "test"
 
@@ -25,6 +27,28 @@ NodeFactory = Callable[..., Awaitable["Node"]]
 
 class Node(InProcessNode):
     """A running in-process node: its test server, service and base URLs."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    factor()  # a malformed KAPOK_TEST_SLOW stops the run here, not in the first test that waits
+    scale_launch_deadlines()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"{ENV}={factor():g}: the tests' time bounds (and pytest-timeout's) are multiplied by it"
+
+
+# pytest-timeout's limit per test (pyproject.toml's ``timeout``, --timeout or a test's
+# ``timeout`` marker) is a bound like the others: scaled by KAPOK_TEST_SLOW. The plugin's
+# own hook (trylast) sets the timer; this one runs first and hands it the scaled limit.
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> object:
+    if factor() == 1.0:
+        return None
+    import pytest_timeout  # type: ignore[import-untyped]
+
+    scaled_settings = settings._replace(timeout=scaled(settings.timeout))
+    return pytest_timeout.pytest_timeout_set_timer(item=item, settings=scaled_settings)
 
 
 def make_config(*sets: str) -> Config:

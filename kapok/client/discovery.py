@@ -22,6 +22,7 @@ from kapok.protocol.kapokmq import KEY_ERROR
 
 __all__ = ["Discovery", "normalize_seeds"]
 
+
 def normalize_seeds(seeds: Sequence[str] | str) -> list[str]:
     items = [seeds] if isinstance(seeds, str) else list(seeds)
     out = []

@@ -16,7 +16,7 @@ from kapok.console import analytics, figures
 from kapok.console.messages import history_events, message_detail, parse_search, search_page
 from kapok.errors import NotFoundError
 from kapok.server.keys import SERVICE
-from kapok.server.responses import json_response
+from kapok.server.routes.responses import json_response
 
 __all__ = [
     "analytics_data",

@@ -24,11 +24,11 @@ from kapok.console.pairs import LIVE, pairs
 from kapok.console.rates import RATES
 from kapok.core.model import Status
 from kapok.core.topics import Group, Topic
-from kapok.server.cluster_view import member_rows
-from kapok.server.keys import REPLICATION, SERVICE
-from kapok.server.ops import pair_role
-from kapok.server.service import ClientInfo
-from kapok.server.sync import pair_state
+from kapok.server.guard.clients import ClientInfo
+from kapok.server.keys import CLIENTS, REPLICATION, SERVICE
+from kapok.server.routes.cluster_view import member_rows
+from kapok.server.routes.ops import pair_role
+from kapok.server.routes.sync import pair_state
 
 __all__ = ["clients", "cluster", "config_rows", "disk_usage", "overview", "topics"]
 
@@ -81,7 +81,7 @@ def overview(app: web.Application) -> dict[str, Any]:
             "delayed": delayed,
             "dead_letters": dead_letters,
             "consumers": sum(1 for c in broker.consumers.values() if not c.is_pull),
-            "clients": len(service.clients),
+            "clients": len(app[CLIENTS]),
         },
         "totals": totals,
         "rates": {k: round(v, 2) for k, v in sampler.rates().items()},
@@ -207,7 +207,7 @@ def clients(app: web.Application) -> dict[str, Any]:
     sampler = app[RATES]
     consumers = service.broker.consumers
     connections, owner = [], {}
-    for info in sorted(service.clients.values(), key=lambda c: c.since):
+    for info in sorted(app[CLIENTS].open.values(), key=lambda c: c.since):
         subscribed = sorted({consumers[i].group.topic.name for i in info.subscriptions if i in consumers})
         owner.update(dict.fromkeys(info.subscriptions, info.client_id))
         connections.append({

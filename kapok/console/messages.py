@@ -1,6 +1,6 @@
 """The console's message search and message view: query parsing, rows, one message's story.
 
-Search goes through ``kapok.server.search`` (shared with KapokMQ's GetMessageList). Times
+Search goes through ``kapok.server.routes.search`` (shared with KapokMQ's GetMessageList). Times
 in the form are UTC, as every time the console shows. A message's history is its entries'
 state (held in memory) plus, when the node writes the archive, the lifecycle events the
 archive holds for its code: found by a bounded scan of the files written since it was
@@ -20,9 +20,9 @@ import orjson
 
 from kapok.core.model import Message
 from kapok.errors import BadRequestError
-from kapok.server.responses import int_field
-from kapok.server.search import STATUSES, MessageQuery, search_messages
-from kapok.server.service import BrokerService
+from kapok.server.routes.responses import int_field
+from kapok.server.routes.search import STATUSES, MessageQuery, search_messages
+from kapok.service import BrokerService
 from kapok.storage.archive import list_archive_files
 
 __all__ = ["SearchForm", "history_events", "message_detail", "parse_search", "search_page"]

@@ -8,7 +8,7 @@ epoch, the state of the sync link between them, and whether the pair accepts wri
 Two sources, one rule each:
 
 * the node serving the console knows its own pair first-hand (``local``: what
-  ``kapok.server.sync.pair_state`` returns, the same as ``/replication/state``), so its
+  ``kapok.server.routes.sync.pair_state`` returns, the same as ``/replication/state``), so its
   card shows the link as that node sees it, ``refused (wrong key)`` included;
 * every other pair is judged from gossip metadata alone: the active node announces
   ``alone_since`` while it confirms writes without its partner; a reported lag means a

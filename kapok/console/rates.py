@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from kapok.server.service import BrokerService
+from kapok.service import BrokerService
 from kapok.tasks import cancel_and_wait
 
 __all__ = ["RATES", "RateSampler", "Sample", "history_chart", "rate", "rates_ctx", "total_rates"]

@@ -37,7 +37,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from kapok.errors import AuthError, CsrfError
-from kapok.server.responses import read_form
+from kapok.server.routes.responses import read_form
 
 __all__ = [
     "CSRF_FIELD",

@@ -21,10 +21,10 @@ from kapok.console import figures
 from kapok.console.api import analytics_data, message_data, messages_data, overview_data
 from kapok.console.session import SESSIONS, current_session, safe_next
 from kapok.errors import AuthBlockedError, BadRequestError, KapokError
-from kapok.server.auth import check_key, key_matches
+from kapok.server.guard.auth import check_key, key_matches
 from kapok.server.keys import SERVICE
-from kapok.server.responses import read_form
-from kapok.server.search import STATUSES
+from kapok.server.routes.responses import read_form
+from kapok.server.routes.search import STATUSES
 
 __all__ = ["routes"]
 

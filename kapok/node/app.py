@@ -18,13 +18,23 @@ from kapok.console import setup_console
 from kapok.node.seams import Seams
 from kapok.replication.link import SyncLink
 from kapok.replication.node import ReplicationNode
-from kapok.server import cluster_view, compat, compat_console, openapi, ops, sync, v1_http, v1_ws
-from kapok.server.guard import GUARD, ConnectionGuard, expect_handler, guard_ctx, guard_middleware
-from kapok.server.keys import CONFIG, CONNECTIONS, GOSSIP, REGISTRY, REPLICATION, SERVICE, OpenSockets
-from kapok.server.metrics import make_registry
-from kapok.server.middlewares import auth_middleware, error_middleware
-from kapok.server.service import BrokerService
-from kapok.server.wsbase import frame_limit
+from kapok.server.guard.clients import Clients
+from kapok.server.guard.connections import GUARD, ConnectionGuard, expect_handler, guard_ctx, guard_middleware
+from kapok.server.keys import (
+    CLIENTS,
+    CONFIG,
+    CONNECTIONS,
+    GOSSIP,
+    REGISTRY,
+    REPLICATION,
+    SERVICE,
+    OpenSockets,
+)
+from kapok.server.routes import cluster_view, compat, compat_console, openapi, ops, sync, v1_http, v1_ws
+from kapok.server.routes.metrics import make_registry
+from kapok.server.routes.middlewares import auth_middleware, error_middleware
+from kapok.server.ws.base import frame_limit
+from kapok.service import BrokerService
 from kapok.storage import Store
 from kapok.storage.disk import DiskStore
 
@@ -101,8 +111,9 @@ def make_app(
     service = BrokerService(config, store=store, clock=clock)
     app[CONFIG] = config
     app[SERVICE] = service
+    clients = app[CLIENTS] = Clients(config.server)
     app[CONNECTIONS] = OpenSockets()
-    app[REGISTRY] = make_registry(service)
+    app[REGISTRY] = make_registry(service, clients)
     seams = app[SEAMS] = seams or Seams()
     # Connection limits and time-outs; a site that accepts through it (kapok.node.runner)
     # makes them real, the in-process test server goes without.

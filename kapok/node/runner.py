@@ -20,7 +20,7 @@ from kapok.config import Config, is_loopback
 from kapok.logs import set_node
 from kapok.node.app import make_app, wind_down
 from kapok.node.seams import Seams
-from kapok.server.guard import GUARD, GuardedSite, tls_context
+from kapok.server.guard.connections import GUARD, GuardedSite, tls_context
 from kapok.server.keys import SERVICE
 
 __all__ = ["serve"]
@@ -100,7 +100,7 @@ async def _serve(config: Config, seams: Seams | None = None) -> None:
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
     try:
         await runner.setup()
-        # Connections are counted and timed from accept (kapok.server.guard).
+        # Connections are counted and timed from accept (kapok.server.guard.connections).
         site = GuardedSite(runner, sock, app[GUARD], backlog=1024, ssl_context=ssl_context)
         await site.start()
         service = app[SERVICE]

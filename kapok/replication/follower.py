@@ -50,8 +50,8 @@ from kapok.clock import loop_time, wait_set
 from kapok.config import ReplicationConfig
 from kapok.core.replay import Mirror
 from kapok.errors import KapokError, ReplicationError, SyncRefusedError
-from kapok.replication.link import LinkFactory, SyncLink
 from kapok.protocol.sync import SNAPSHOT
+from kapok.replication.link import LinkFactory, SyncLink
 from kapok.replication.protocol import History
 from kapok.replication.session import Append, FollowerSession, HandOver, control, parse_start
 from kapok.replication.state import PairState

@@ -67,7 +67,7 @@ log = logging.getLogger("kapok.replication")
 
 
 class Service(Protocol):
-    """What the node needs of the broker service (``kapok.server.service.BrokerService``)."""
+    """What the node needs of the broker service (``kapok.service.BrokerService``)."""
 
     config: Config
     node_name: str

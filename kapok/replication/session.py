@@ -32,8 +32,8 @@ from typing import Any
 
 from kapok.core.changes import Change
 from kapok.errors import ReplicationError, SyncRefusedError
-from kapok.replication.backlog import Backlog
 from kapok.protocol.sync import RECORDS, decode_records, encode_records, get_int, get_str
+from kapok.replication.backlog import Backlog
 from kapok.replication.protocol import History, history_from_json
 from kapok.replication.state import PairState
 from kapok.storage.records import decode_payload

@@ -10,12 +10,14 @@ from prometheus_client import CollectorRegistry
 from kapok.cluster.node import GossipNode
 from kapok.config import Config
 from kapok.replication.node import ReplicationNode
-from kapok.server.service import BrokerService
+from kapok.server.guard.clients import Clients
+from kapok.service import BrokerService
 
-__all__ = ["CONFIG", "CONNECTIONS", "GOSSIP", "REGISTRY", "REPLICATION", "SERVICE"]
+__all__ = ["CLIENTS", "CONFIG", "CONNECTIONS", "GOSSIP", "REGISTRY", "REPLICATION", "SERVICE"]
 
 CONFIG: Final = web.AppKey("config", Config)
 SERVICE: Final = web.AppKey("service", BrokerService)
+CLIENTS: Final = web.AppKey("clients", Clients)  # client connections, auth state
 
 
 # Open WebSocket handlers, so that shutdown can close them and the

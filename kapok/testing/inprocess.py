@@ -13,7 +13,7 @@ from kapok.core.broker import Broker
 from kapok.node.app import make_app
 from kapok.replication.node import ReplicationNode
 from kapok.server.keys import REPLICATION, SERVICE
-from kapok.server.service import BrokerService
+from kapok.service import BrokerService
 
 __all__ = ["InProcessNode", "RunningApp", "run_app"]
 

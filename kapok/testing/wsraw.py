@@ -3,7 +3,7 @@ on the wire (masking, fragmentation, control frames, violations of RFC 6455)."""
 
 from __future__ import annotations
 
-from kapok.server.wsframes import unmask_int
+from kapok.server.ws.frames import unmask_int
 
 __all__ = ["client_frame", "upgrade_request"]
 

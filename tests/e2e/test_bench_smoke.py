@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 
 from kapok.launch import start_node
+from kapok.testing.slow import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+CASE_S = f"{scaled(90):g}"  # `kapok bench --timeout`: how long one case may take
 
 
 def _bench(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -20,14 +23,14 @@ def _bench(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedP
         cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=scaled(timeout),
         check=False,
     )
 
 
 def test_bench_publish_and_e2e_both_protocols(tmp_path: Path) -> None:
     args = ["--workload", "publish", "--workload", "e2e", "--messages", "2000"]
-    args += ["--protocol", "both", "--fsync", "never", "--json", "--timeout", "90"]
+    args += ["--protocol", "both", "--fsync", "never", "--json", "--timeout", CASE_S]
     proc = _bench(tmp_path, *args)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
@@ -55,7 +58,7 @@ def test_bench_roundtrip_and_peer_mode(tmp_path: Path) -> None:
     peer = start_node(tmp_path / "peer", "storage.fsync=never")
     try:
         args = ["--workload", "roundtrip", "--workload", "e2e", "--messages", "1000", "--seconds", "1"]
-        args += ["--protocol", "both", "--fsync", "never", "--rounds", "2", "--json", "--timeout", "90"]
+        args += ["--protocol", "both", "--fsync", "never", "--rounds", "2", "--json", "--timeout", CASE_S]
         args += ["--peer", f"kapokmq={peer.url}", "--peer-pid", str(peer.pid)]
         proc = _bench(tmp_path, *args)
     finally:

@@ -69,6 +69,7 @@ import orjson
 import pytest
 
 from kapok.launch import NodeProcess, start_node
+from kapok.testing.slow import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -87,9 +88,9 @@ BATCH = 20  # messages per pub frame
 WINDOW = 4  # pub frames awaiting their puback at most
 PUB_PAUSE_S = 0.005  # between pub frames: keeps the backlog (and the drain) small
 PREFETCH = 50
-STEP_S = 10.0  # bound of any single network step
-DRAIN_IDLE_S = 2.0  # the drain ends after this long without a new message ...
-DRAIN_MAX_S = 30.0  # ... or after this long in all
+STEP_S = scaled(10.0)  # bound of any single network step
+DRAIN_IDLE_S = scaled(2.0)  # the drain ends after this long without a new message ...
+DRAIN_MAX_S = scaled(30.0)  # ... or after this long in all
 _RECOVERED = re.compile(r"recovered (\d+) messages in ([\d.]+) s .*?(\d+) deliveries requeued")
 
 

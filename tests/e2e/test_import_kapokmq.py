@@ -12,8 +12,11 @@ import orjson
 import pytest
 
 from kapok.launch import start_node
+from kapok.testing.slow import scaled
 
 pytestmark = pytest.mark.e2e
+
+REPLY_S = scaled(5.0)  # how long the node may take to answer a frame
 
 PENDING = "0a1b2c3d4e5f60718293a4b5c6d7e8f9"
 CONSUMED = "0123456789abcdef0123456789abcdef"
@@ -52,7 +55,7 @@ def kapokmq_dir(root: Path) -> Path:
 def run_import(source: Path, data: Path) -> str:
     out = subprocess.run(
         [sys.executable, "-m", "kapok", "import-kapokmq", str(source), "--set", f"storage.dir={data}"],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True, text=True, timeout=scaled(60), check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     return out.stdout
@@ -72,10 +75,10 @@ async def test_import_then_serve(tmp_path: Path) -> None:
                 consumed = (await resp.json())["data"]
             assert consumed["Status"] == 1 and consumed["ConsumedTime"] == CONSUMED_AT
             async with session.ws_connect(node.ws_url + "/Consumers/Conn/orders/c1") as ws:
-                assert await ws.receive_str(timeout=5) == "Please enter the secret key"
+                assert await ws.receive_str(timeout=REPLY_S) == "Please enter the secret key"
                 await ws.send_str("test")
-                assert await ws.receive_str(timeout=5) == "Secret key matching succeeded"
-                pushed = await ws.receive_json(timeout=5)
+                assert await ws.receive_str(timeout=REPLY_S) == "Secret key matching succeeded"
+                pushed = await ws.receive_json(timeout=REPLY_S)
                 assert (pushed["MessageCode"], pushed["MessageData"]) == (PENDING, "from the snapshot")
                 await ws.send_str(PENDING)
     finally:
@@ -86,7 +89,7 @@ def test_import_of_a_missing_directory_is_one_clear_line(tmp_path: Path) -> None
     out = subprocess.run(
         [sys.executable, "-m", "kapok", "import-kapokmq", str(tmp_path / "nope"),
          "--set", f"storage.dir={tmp_path / 'data'}"],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True, text=True, timeout=scaled(60), check=False,
     )  # fmt: skip
     assert out.returncode != 0
     assert out.stderr.startswith("kapok: error:") and "Traceback" not in out.stderr

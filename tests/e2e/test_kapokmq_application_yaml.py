@@ -17,15 +17,18 @@ import yaml
 
 from kapok.config.kapokmq import is_kapokmq
 from kapok.launch import start_node
+from kapok.testing.slow import scaled
 
 pytestmark = pytest.mark.e2e
+
+REPLY_S = scaled(5.0)  # how long the node may take to answer a frame
 
 
 def kapok(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KAPOK_")}
     return subprocess.run(
         [sys.executable, "-m", "kapok", *args], cwd=cwd, env=env, capture_output=True, text=True,
-        timeout=60, check=False,
+        timeout=scaled(60), check=False,
     )  # fmt: skip
 
 
@@ -36,9 +39,9 @@ def kapokmq_keys(path: Path) -> list[str]:
 
 async def handshake(ws: aiohttp.ClientWebSocketResponse) -> None:
     """KapokMQ's in-band handshake with the shipped key."""
-    assert await ws.receive_str(timeout=5) == "Please enter the secret key"
+    assert await ws.receive_str(timeout=REPLY_S) == "Please enter the secret key"
     await ws.send_str("test")
-    assert await ws.receive_str(timeout=5) == "Secret key matching succeeded"
+    assert await ws.receive_str(timeout=REPLY_S) == "Secret key matching succeeded"
 
 
 async def test_serve_on_kapokmq_application_yaml_serves_kapokmq_clients(
@@ -51,7 +54,7 @@ async def test_serve_on_kapokmq_application_yaml_serves_kapokmq_clients(
             async with session.ws_connect(node.ws_url + "/Producers/Conn/jobs/p1") as producer:
                 await handshake(producer)
                 await producer.send_str('{"MessageData": "over ws", "DelayTime": 0}')
-                assert await producer.receive_str(timeout=5) == "ok"
+                assert await producer.receive_str(timeout=REPLY_S) == "ok"
             form = {"messageData": "over http", "topic": "jobs", "delayTime": "0"}
             send = node.url + "/Producer/Send"
             async with session.post(send, data=form, headers={"secretKey": "test"}) as resp:
@@ -61,7 +64,7 @@ async def test_serve_on_kapokmq_application_yaml_serves_kapokmq_clients(
                 await handshake(consumer)
                 received = []
                 for _ in range(2):
-                    pushed = await consumer.receive_json(timeout=5)
+                    pushed = await consumer.receive_json(timeout=REPLY_S)
                     received.append(pushed["MessageData"])
                     await consumer.send_str(pushed["MessageCode"])
             assert sorted(received) == ["over http", "over ws"]

@@ -15,6 +15,7 @@ import pytest
 
 from kapok import launch
 from kapok.launch import NodeProcess, live_groups, reap_groups, spawn_group, start_node, wait_for
+from kapok.testing.slow import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -33,7 +34,7 @@ def _archivers(node: NodeProcess) -> list[psutil.Process]:
 
 
 def _archiver(node: NodeProcess) -> psutil.Process:
-    wait_for(lambda: bool(_archivers(node)), timeout_s=10.0)
+    wait_for(lambda: bool(_archivers(node)), timeout_s=scaled(10.0))
     [child] = _archivers(node)
     return child
 
@@ -69,12 +70,12 @@ def test_reap_groups_kills_and_reports_what_was_left_running() -> None:
     try:
         assert live_groups().get(sleeper.pid) == "sleep 60"
         assert reap_groups([sleeper.pid]) == {sleeper.pid: "sleep 60"}
-        assert sleeper.wait(5.0) == -9
+        assert sleeper.wait(scaled(5.0)) == -9
         assert reap_groups([sleeper.pid]) == {}  # reported once: it is no longer registered
         assert sleeper.pid not in launch._groups
     finally:
         sleeper.kill()
-        sleeper.wait(5.0)
+        sleeper.wait(scaled(5.0))
         assert sleeper.stdout is not None
         sleeper.stdout.close()
 
@@ -85,11 +86,11 @@ def test_reap_groups_kills_the_children_of_a_leader_that_exited() -> None:
     leader = spawn_group([sys.executable, "-c", script])
     assert leader.stdout is not None
     child = int(leader.stdout.readline())
-    leader.wait(10.0)
+    leader.wait(scaled(10.0))
     leader.stdout.close()
     assert not _gone(child) and os.getpgid(child) == leader.pid
     assert leader.pid in reap_groups([leader.pid])
-    wait_for(lambda: _gone(child), timeout_s=5.0)
+    wait_for(lambda: _gone(child), timeout_s=scaled(5.0))
 
 
 INNER_TEST = """
@@ -112,7 +113,7 @@ def test_a_session_that_leaves_a_process_running_fails_and_kills_it(tmp_path: Pa
     args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "kapok.testing.leakcheck", "-q"]
     if xdist:
         args += ["-n", "1"]
-    run = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    run = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=scaled(60))
     out = run.stdout + run.stderr
     pid = int((tmp_path / "sleeper.pid").read_text())
     assert "1 passed" in out, out  # the test itself passed ...

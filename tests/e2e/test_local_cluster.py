@@ -17,6 +17,7 @@ import yaml
 
 from kapok.cluster.show import fetch_nodes
 from kapok.launch import wait_for
+from kapok.testing.slow import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -52,7 +53,7 @@ def test_local_cluster_with_slaves_starts_from_its_files_and_stops(tmp_path: Pat
     reader.start()
     rows = []
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while True:
             line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
             if (match := LINE.match(line)) is not None:
@@ -78,20 +79,20 @@ def test_local_cluster_with_slaves_starts_from_its_files_and_stops(tmp_path: Pat
         def pairs(url: str) -> dict[str, tuple[str, bool, str]]:
             return {r["name"]: (r["role"], r["active"], r["pair"]) for r in fetch_nodes(url)}
 
-        wait_for(lambda: all(pairs(url) == expected for url in urls.values()), 30, 0.1)
+        wait_for(lambda: all(pairs(url) == expected for url in urls.values()), scaled(30), 0.1)
         proc.send_signal(stop_signal)
-        assert proc.wait(30) == 0
+        assert proc.wait(scaled(30)) == 0
     finally:
         if proc.poll() is None:  # a failed test: stop the command, then any node it left, by PID
             proc.kill()
-            proc.wait(10)
+            proc.wait(scaled(10))
             for row in rows:
                 if not _pid_gone(int(row[4])):
                     os.kill(int(row[4]), signal.SIGKILL)
-    reader.join(10)
+    reader.join(scaled(10))
     rest = []
     while not lines.empty():
         rest.append(lines.get())
     assert "kapok local-cluster: stopped\n" in rest
     pids = [int(r[4]) for r in rows]
-    wait_for(lambda: all(_pid_gone(pid) for pid in pids), 10)
+    wait_for(lambda: all(_pid_gone(pid) for pid in pids), scaled(10))

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from kapok.launch import start_node
+from kapok.testing.slow import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -38,12 +39,12 @@ def test_no_request_from_the_fuzzer_gets_a_server_error(tmp_path: Path) -> None:
                 "--checks", "not_a_server_error",
                 "--max-examples", "10",
                 "--seed", "17",
-                "--request-timeout", "10",
+                "--request-timeout", f"{scaled(10):g}",
                 "--header", "Authorization: Bearer test",
                 "--header", "secretKey: test",
                 "--no-color",
             ],
-            cwd=tmp_path, capture_output=True, text=True, timeout=300,
+            cwd=tmp_path, capture_output=True, text=True, timeout=scaled(300),
         )  # fmt: skip
     finally:
         node.stop()

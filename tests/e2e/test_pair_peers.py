@@ -20,12 +20,13 @@ import pytest
 from kapok.launch import NodeProcess, cluster_sets, get_json, start_node, stop_all, wait_for
 from kapok.testing.nodehttp import metric, publish
 from kapok.testing.pair import start_pair, state_of
+from kapok.testing.slow import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(180)]
 
 AUTH = {"Authorization": "Bearer test"}
 TIMEOUT_S = 1.0
-DEADLINE_S = 30.0
+DEADLINE_S = scaled(30.0)
 
 
 def _hello(**fields: Any) -> dict[str, Any]:
@@ -46,7 +47,7 @@ async def _sync_session(url: str, *frames: dict[str, Any], read: int = 1) -> lis
         for frame in frames:
             await ws.send_str(json.dumps(frame))
         while len(out) < read:
-            msg = await ws.receive(timeout=10.0)
+            msg = await ws.receive(timeout=scaled(10.0))
             if msg.type is aiohttp.WSMsgType.TEXT:
                 out.append(json.loads(msg.data))
             elif msg.type is not aiohttp.WSMsgType.BINARY:
@@ -146,7 +147,8 @@ def test_a_slave_with_the_wrong_key_says_so_and_locks_nobody_out(tmp_path: Path)
             time.sleep(0.1)
         # A slave that never synced never takes over, even with its master dead.
         master.kill()
-        time.sleep(5 * TIMEOUT_S)  # an observation window: a takeover would come within 1-2 s
+        # An observation window: a takeover would come within 1-2 s (more on a loaded machine).
+        time.sleep(scaled(5 * TIMEOUT_S))
         health = get_json(slave, "/health")
         assert health["active"] is False and health["epoch"] == 1
         assert _lines(slave, "the master refused our key") == 1  # once, not once a retry

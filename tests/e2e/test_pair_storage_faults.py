@@ -45,12 +45,13 @@ from kapok.storage.wal import list_segments
 from kapok.testing.history import History
 from kapok.testing.nodehttp import drain, metric, publish
 from kapok.testing.pair import state_of
+from kapok.testing.slow import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
 
 AUTH = {"Authorization": "Bearer test", "Content-Type": "application/json"}
 TIMEOUT_S = 1.0  # replication.failover_timeout_s, unless a test says otherwise
-DEADLINE_S = 30.0
+DEADLINE_S = scaled(30.0)
 MESSAGES = 3000
 BATCH = 100  # messages per publish: one WAL batch on the master, one frame to the slave
 
@@ -303,7 +304,7 @@ def test_a_slave_with_a_cut_log_never_takes_over_before_it_has_fetched_it_again(
         trio.master.kill()
 
         # Either it waits, or it had everything: never a take-over with writes missing.
-        deadline = time.monotonic() + 2 * failover_s + 2.0  # a take-over comes within the timeout
+        deadline = time.monotonic() + scaled(2 * failover_s + 2.0)  # a take-over comes within the timeout
         took_over = False
         while time.monotonic() < deadline and not took_over:
             took_over = _active(slave)
@@ -426,7 +427,7 @@ def test_a_slave_that_needs_a_full_transfer_on_a_full_disk_waits_for_space_betwe
             finally:
                 os.kill(trio.slave.pid, signal.SIGCONT)
             wait_for(lambda: "gets a full transfer" in trio.master.output, DEADLINE_S, 0.1)
-            time.sleep(5 * TIMEOUT_S)  # a slave that redials at once would have fetched it again by now
+            time.sleep(scaled(5 * TIMEOUT_S))  # a slave that redials at once would have fetched it again by now
             assert trio.master.output.count("gets a full transfer") == 1, trio.master.output[-3000:]
             assert trio.slave.alive() and not _active(trio.slave)
 

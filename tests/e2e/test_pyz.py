@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from kapok.launch import start_node, wait_for
+from kapok.testing.slow import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -31,7 +32,7 @@ AUTH = {"Authorization": "Bearer test", "Content-Type": "application/json"}
 
 def _http(url: str, body: object | None = None) -> tuple[int, bytes]:
     data = None if body is None else json.dumps(body).encode()
-    with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=AUTH), timeout=10) as resp:
+    with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=AUTH), timeout=scaled(10)) as resp:
         return resp.status, resp.read()
 
 
@@ -45,23 +46,23 @@ def test_pyz_serves_with_nothing_installed(tmp_path: Path) -> None:
     started = time.monotonic()
     build = subprocess.run(
         ["bash", str(REPO / "build" / "pyz.sh")], env={**os.environ, "OUT": str(pyz)},
-        capture_output=True, text=True, timeout=540, check=False,
+        capture_output=True, text=True, timeout=scaled(540), check=False,
     )  # fmt: skip
     assert build.returncode == 0, build.stdout + build.stderr
     print(f"\n{build.stdout.strip()} (measured: {time.monotonic() - started:.1f} s)")
 
     venv = [sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")]
-    subprocess.run(venv, check=True, timeout=120)
+    subprocess.run(venv, check=True, timeout=scaled(120))
     bare = str(tmp_path / "bare" / "bin" / "python")
     clean = {"PYTHONPATH": None, "PYTHONHOME": None, "VIRTUAL_ENV": None, "SHIV_ROOT": str(shiv_root)}
     probe = subprocess.run(
         [bare, "-I", "-c", "import sys; print(sys.prefix); import aiohttp"],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True, text=True, timeout=scaled(60), check=False,
     )  # fmt: skip
     assert probe.returncode != 0 and "No module named 'aiohttp'" in probe.stderr, probe
     assert probe.stdout.strip() == str(tmp_path / "bare")
 
-    node = start_node(tmp_path / "node", python=bare, launcher=("-I", str(pyz)), env=clean, timeout_s=120)
+    node = start_node(tmp_path / "node", python=bare, launcher=("-I", str(pyz)), env=clean, timeout_s=scaled(120))
     try:
         # Publish and consume one message through it (HTTP v1: publish, pull, ack).
         status, body = _http(node.url + "/v1/topics/jobs/messages", {"data": "from the pyz"})
@@ -73,7 +74,7 @@ def test_pyz_serves_with_nothing_installed(tmp_path: Path) -> None:
         status, body = _http(node.url + "/v1/topics/jobs/ack", {"group": "default", "codes": [code]})
         assert json.loads(body)["settled"] == 1
         # The console's templates come out of the pyz.
-        with urllib.request.urlopen(node.url + "/console/login", timeout=10) as resp:
+        with urllib.request.urlopen(node.url + "/console/login", timeout=scaled(10)) as resp:
             page = resp.read().decode()
         assert resp.status == 200 and "<form" in page and "secret" in page.lower()
 
@@ -82,9 +83,9 @@ def test_pyz_serves_with_nothing_installed(tmp_path: Path) -> None:
         def from_pyz(pid: int) -> bool:
             return any(p.startswith(str(shiv_root)) and "orjson" in p for p in _libraries(pid))
 
-        wait_for(lambda: len(psutil.Process(node.pid).children()) == 1, 30)
+        wait_for(lambda: len(psutil.Process(node.pid).children()) == 1, scaled(30))
         processes = [node.pid, psutil.Process(node.pid).children()[0].pid]
-        wait_for(lambda: all(from_pyz(pid) for pid in processes), 30)
+        wait_for(lambda: all(from_pyz(pid) for pid in processes), scaled(30))
         for pid in processes:
             leaked = [path for path in _libraries(pid) if path.startswith(sys.prefix)]
             assert not leaked, (pid, leaked)

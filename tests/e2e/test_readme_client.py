@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from kapok.launch import NodeProcess, start_node
+from kapok.testing.slow import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -44,7 +45,7 @@ def _run(args: list[str], node: NodeProcess, code: str) -> subprocess.CompletedP
     # `kapok` is the console script installed beside this interpreter.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     result = subprocess.run([*args, code.replace(DOCUMENTED_URL, node.url)], capture_output=True, text=True,
-                            timeout=60, env=env, check=False)  # fmt: skip
+                            timeout=scaled(60), env=env, check=False)  # fmt: skip
     assert result.returncode == 0, result.stderr
     return result
 

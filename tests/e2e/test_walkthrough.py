@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from kapok.launch import wait_for
+from kapok.testing.slow import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -31,7 +32,7 @@ MARKED_BLOCK = re.compile(r"<!-- walkthrough: (\S+) -->\s*```sh\n(.*?)```", re.D
 STEPS = ("start", "nodes", "publish", "crash", "takeover", "consume", "restart", "give-back", "stop-master",
          "hand-over", "stop")  # fmt: skip
 NODES = ("m1", "m2", "m3", "s1", "s2", "s3")
-DEADLINE_S = 60.0
+DEADLINE_S = scaled(60.0)
 
 
 def walkthrough_steps() -> dict[str, str]:
@@ -67,7 +68,7 @@ class Walkthrough:
     def run(self, step: str) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
             ["bash", "-c", self.steps[step]], cwd=self.root, env=self.env, stdin=subprocess.DEVNULL,
-            capture_output=True, text=True, timeout=60, check=False,
+            capture_output=True, text=True, timeout=scaled(60), check=False,
         )  # fmt: skip
         for pid_file in self.root.glob("demo/*/pid"):
             self.pids.add(int(pid_file.read_text()))

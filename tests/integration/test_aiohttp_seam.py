@@ -23,9 +23,10 @@ from kapok.cli import main
 from kapok.config import load_config
 from kapok.errors import ConfigError
 from kapok.node.app import make_app
-from kapok.server import aiohttp_seam, wsbase
+from kapok.server import aiohttp_seam
 from kapok.server.aiohttp_seam import COMPILED_UNMASK, HEARTBEAT_DISARM, HOOKS, MASKING, check_hooks
 from kapok.server.keys import REGISTRY
+from kapok.server.ws import base as wsbase
 
 
 @pytest.fixture(autouse=True)

@@ -22,7 +22,7 @@ from kapok.config import load_config
 from kapok.core import changes as ch
 from kapok.core.broker import Draft
 from kapok.core.model import Consumer, Entry
-from kapok.server.service import BrokerService
+from kapok.service import BrokerService
 from kapok.storage import archiver as archiver_module
 from kapok.storage.archive import list_archive_files, read_archive_file
 from kapok.storage.archiver import ArchiveSettings, complete_frames, run

@@ -20,6 +20,7 @@ from aiohttp.test_utils import TestServer
 from kapok.config import Config, load_config
 from kapok.console.session import SESSIONS
 from kapok.node.app import make_app
+from kapok.server.keys import CLIENTS
 from kapok.testing.clock import ManualClock
 from kapok.testing.console import ConsoleClient as Browser
 from kapok.testing.console import cookie_jar
@@ -198,7 +199,7 @@ async def test_wrong_keys_are_throttled_per_address(
     # Four new wrong keys hold the address's slots: their 401s come after 30, 60, 120, 240 s.
     guessers = [aiohttp.ClientSession(cookie_jar=cookie_jar()) for _ in range(4)]
     late = [asyncio.create_task(Browser(g, node.url).log_in(f"late{i}")) for i, g in enumerate(guessers)]
-    throttle = node.service.auth_throttle
+    throttle = node.app[CLIENTS].auth_throttle
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 10
     while throttle.pending("127.0.0.1", loop.time()) < 4:
@@ -213,7 +214,7 @@ async def test_wrong_keys_are_throttled_per_address(
     await asyncio.gather(*late, return_exceptions=True)
     for g in guessers:
         await g.close()
-    assert node.service.auth_failures == 10 + 1 + 4
+    assert node.app[CLIENTS].auth_failures == 10 + 1 + 4
 
 
 async def test_a_session_ends_when_idle(node: InProcessNode, browser: Browser, clock: ManualClock) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from kapok.server.openapi import document
+from kapok.server.routes.openapi import document
 
 # Served by prefix (any file under it), which OpenAPI cannot list route by route.
 UNDOCUMENTED_PREFIXES = ("/console/static",)

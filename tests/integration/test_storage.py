@@ -44,7 +44,7 @@ from kapok.core.changes import GroupCreated
 from kapok.core.model import Consumer, Entry
 from kapok.node.app import make_app
 from kapok.protocol.native import decode_frame, encode_pub
-from kapok.server.service import BrokerService
+from kapok.service import BrokerService
 from kapok.storage import disk as disk_module
 from kapok.storage.disk import DiskStore
 from kapok.storage.records import decode_frames, encode, encode_end

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kapok.server.wsbase import frame_limit
+from kapok.server.ws.base import frame_limit
 from kapok.testing import eventually
 
 SUB = object()  # placeholder for the id of a real subscription on the connection

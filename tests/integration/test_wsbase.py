@@ -17,8 +17,8 @@ import aiohttp
 from aiohttp import WSMsgType, web
 from aiohttp.test_utils import TestClient
 
-from kapok.server.wsbase import messages
-from kapok.server.wsmask import require_masked_frames
+from kapok.server.ws.base import messages
+from kapok.server.ws.mask import require_masked_frames
 from kapok.testing import eventually
 
 

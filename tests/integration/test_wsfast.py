@@ -19,10 +19,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from kapok.server import compat
-from kapok.server.wsbase import frame_limit
-from kapok.server.wsfast import FastResponse, FastTexts
-from kapok.server.wsframes import BINARY, CLOSE, PING, PONG, TEXT, close_payload
+from kapok.server.routes import compat
+from kapok.server.ws.base import frame_limit
+from kapok.server.ws.fast import FastResponse, FastTexts
+from kapok.server.ws.frames import BINARY, CLOSE, PING, PONG, TEXT, close_payload
 from kapok.testing import eventually
 from kapok.testing.wsraw import client_frame as frame
 from kapok.testing.wsraw import upgrade_request

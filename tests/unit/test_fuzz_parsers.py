@@ -28,8 +28,9 @@ from kapok.protocol.kapokmq import decode_produce
 from kapok.protocol.native import draft_from_json
 from kapok.protocol.sync import decode_control, decode_records, encode_records
 from kapok.replication.protocol import history_from_json
-from kapok.server.service import BrokerService, ClientInfo
-from kapok.server.v1_ws import NativeConnection
+from kapok.server.guard.clients import ClientInfo, Clients
+from kapok.server.routes.v1_ws import NativeConnection
+from kapok.service import BrokerService
 from kapok.storage import records
 from kapok.testing.clock import ManualClock
 
@@ -132,7 +133,7 @@ def test_native_frames_get_documented_answers_only(frames: list[bytes]) -> None:
     cfg = Config.default()
     service = BrokerService(cfg, clock=ManualClock())
     outbox = _Outbox()
-    conn = NativeConnection(service, outbox, ClientInfo("fuzz", "", 0.0, "v1"))  # type: ignore[arg-type]
+    conn = NativeConnection(service, Clients(cfg.server), outbox, ClientInfo("fuzz", "", 0.0, "v1"))  # type: ignore[arg-type]
     for raw in frames:
         conn.handle(raw)
     conn.close()

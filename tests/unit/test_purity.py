@@ -109,6 +109,14 @@ def test_a_layer_loads_none_above_it(package: str, above: tuple[str, ...]) -> No
     assert loaded == [], f"{package} loads {loaded}"
 
 
+def test_the_service_drives_the_core_and_knows_no_route() -> None:
+    # kapok.service sits beside the core it drives: the routes call it, never the reverse.
+    code = "import sys, kapok.service; print(' '.join(m for m in sys.modules if m.startswith('kapok.')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    above = ("kapok.server", "kapok.node", "kapok.console", "kapok.replication", "kapok.protocol")
+    assert [m for m in out.stdout.split() if m.startswith(above)] == []
+
+
 RUNTIME = ["core", "protocol", "storage", "cluster", "replication", "server", "client", "console", "node"]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kapok.config import Config
 from kapok.console.rates import DETAIL, TOTALS, RateSampler, Sample, history_chart, rate, total_rates
 from kapok.core.model import Draft
-from kapok.server.service import BrokerService
+from kapok.service import BrokerService
 from kapok.testing.clock import ManualClock
 
 

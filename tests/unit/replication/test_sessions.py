@@ -16,8 +16,8 @@ import pytest
 
 from kapok.core import changes as ch
 from kapok.errors import ReplicationError, SyncRefusedError
-from kapok.replication.backlog import Backlog
 from kapok.protocol.sync import encode_records
+from kapok.replication.backlog import Backlog
 from kapok.replication.session import (
     Acked,
     Append,

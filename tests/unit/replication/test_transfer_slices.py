@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from kapok.core import changes as ch
-from kapok.replication import transfer
 from kapok.protocol.sync import SNAPSHOT
+from kapok.replication import transfer
 from kapok.storage.records import decode_frames
 
 T0 = 1_700_000_000.0

@@ -3,7 +3,7 @@ the oldest untrusted connection at the limit (pure, time is an argument)."""
 
 from __future__ import annotations
 
-from kapok.server.conntable import HANDSHAKE_GRACE_S, Admit, ConnectionTable, ConnState, Limits
+from kapok.server.guard.conntable import HANDSHAKE_GRACE_S, Admit, ConnectionTable, ConnState, Limits
 
 LIMITS = Limits(max_connections=3, header_timeout_s=10.0, body_timeout_s=30.0, idle_timeout_s=75.0,
                 handshake_timeout_s=5.0)  # fmt: skip

@@ -9,7 +9,7 @@ import pytest
 from aiohttp import WSMsgType
 from aiohttp.http import WebSocketWriter
 
-from kapok.server.outbox import text_frame_header, text_frames
+from kapok.server.ws.outbox import text_frame_header, text_frames
 
 LENGTHS = [0, 1, 2, 125, 126, 127, 1000, 65535, 65536, 70000]
 

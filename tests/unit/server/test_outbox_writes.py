@@ -13,7 +13,7 @@ from typing import Any, cast
 from aiohttp import web
 
 from kapok.errors import StorageError, UnavailableError
-from kapok.server.outbox import Outbox, text_frames
+from kapok.server.ws.outbox import Outbox, text_frames
 
 
 class _Protocol:

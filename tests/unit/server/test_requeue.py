@@ -9,7 +9,7 @@ from kapok.core.broker import Broker, Settle
 from kapok.core.changes import Settled
 from kapok.core.model import Draft, Status
 from kapok.errors import BadRequestError, BrokerError, NotFoundError
-from kapok.server.service import BrokerService
+from kapok.service import BrokerService
 from kapok.testing.clock import ManualClock
 
 T0 = 1_700_000_000.0

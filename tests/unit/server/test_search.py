@@ -7,7 +7,7 @@ from typing import Any
 from kapok.config import Config
 from kapok.core.broker import Broker
 from kapok.core.model import Draft
-from kapok.server.search import MessageQuery, search_messages
+from kapok.server.routes.search import MessageQuery, search_messages
 
 T0 = 1_700_000_000.0
 

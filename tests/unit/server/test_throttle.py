@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kapok.server.throttle import Accept, AuthThrottle, Blocked, Reject, Verdict, address_key
+from kapok.server.guard.throttle import Accept, AuthThrottle, Blocked, Reject, Verdict, address_key
 
 T0 = 1000.0
 A = "10.0.0.1"

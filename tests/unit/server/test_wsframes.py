@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kapok.server import wsframes
-from kapok.server.wsframes import BINARY, CLOSE, PING, PONG, TEXT, ClientFrames, close_payload, unmask_int
+from kapok.server.ws import frames as wsframes
+from kapok.server.ws.frames import BINARY, CLOSE, PING, PONG, TEXT, ClientFrames, close_payload, unmask_int
 from kapok.testing.wsraw import client_frame as frame
 
 LIMIT = 1 << 20

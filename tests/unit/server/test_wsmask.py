@@ -8,7 +8,7 @@ import struct
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kapok.server.wsmask import MaskCheck
+from kapok.server.ws.mask import MaskCheck
 
 
 def frame(payload: bytes, *, masked: bool = True, opcode: int = 1) -> bytes:

@@ -4,7 +4,7 @@ KapokMQ clients send a frame per message and per ack. Through aiohttp each frame
 message object in a queue, a future, a task switch into the route's read loop, and a
 ``call_soon`` to batch the frames of a turn: three event-loop turns and several objects
 between a frame's arrival and its ``ok``. ``FastResponse`` is aiohttp's WebSocket response
-with its frame reader replaced by ``FastTexts`` (``kapok.server.wsframes`` parses each
+with its frame reader replaced by ``FastTexts`` (``kapok.server.ws.frames`` parses each
 socket read in one pass): once the route calls ``go_direct``, the text messages of each
 read go to the route's handler at once, as one list, in the protocol's own
 ``data_received``. Everything else (binary messages, ping, pong, close, a protocol error)
@@ -36,7 +36,7 @@ from typing import Any
 from aiohttp import WebSocketError, WSMessage, WSMsgType
 
 from kapok.server.aiohttp_seam import ParserSwapResponse
-from kapok.server.wsframes import BINARY, CLOSE, PING, PONG, TEXT, ClientFrames, Message
+from kapok.server.ws.frames import BINARY, CLOSE, PING, PONG, TEXT, ClientFrames, Message
 
 __all__ = ["FastResponse", "FastTexts"]
 

@@ -18,12 +18,12 @@ from aiohttp import web
 from kapok.config import Config
 from kapok.errors import AuthBlockedError, BadRequestError
 from kapok.protocol.kapokmq import KEY_ERROR, message_object
-from kapok.server.auth import check_key
-from kapok.server.cluster_view import compat_nodes
-from kapok.server.keys import SERVICE
-from kapok.server.responses import int_field, json_response, read_form
-from kapok.server.search import MessageQuery, search_messages
-from kapok.server.service import BrokerService
+from kapok.server.guard.auth import check_key
+from kapok.server.keys import CLIENTS, SERVICE
+from kapok.server.routes.cluster_view import compat_nodes
+from kapok.server.routes.responses import int_field, json_response, read_form
+from kapok.server.routes.search import MessageQuery, search_messages
+from kapok.service import BrokerService
 
 __all__ = ["routes"]
 
@@ -48,7 +48,7 @@ def _console(path: str) -> Callable[[Handler], Handler]:
             try:
                 result = await handler(request, service)
             except BadRequestError as exc:
-                service.count_bad_input("console_form")
+                request.app[CLIENTS].count_bad_input("console_form")
                 return json_response({"code": -1, "msg": str(exc)})
             return json_response(result)
 
@@ -68,7 +68,7 @@ async def get_clients(request: web.Request, service: BrokerService) -> Any:
     consumers: list[dict[str, Any]] = []
     producers: list[dict[str, Any]] = []
     subscribed = service.broker.consumers
-    for info in service.clients.values():
+    for info in request.app[CLIENTS].open.values():
         joined = int(info.since)
         producers.extend(
             {"ProducerId": info.client_id, "Topic": topic, "ProducerIp": info.ip, "JoinTime": joined}

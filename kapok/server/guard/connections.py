@@ -44,7 +44,7 @@ from prometheus_client.registry import Collector
 from kapok.config import Config
 from kapok.errors import ConfigError, MessageTooLargeError
 from kapok.server.aiohttp_seam import ListeningSite, check_hooks, send_100_continue
-from kapok.server.conntable import Admit, ConnectionTable, ConnState, Limits
+from kapok.server.guard.conntable import Admit, ConnectionTable, ConnState, Limits
 from kapok.tasks import cancel_and_wait
 
 __all__ = ["GUARD", "ConnectionGuard", "GuardedSite", "guard_middleware", "tls_context", "trust"]

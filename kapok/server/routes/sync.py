@@ -21,7 +21,7 @@ from kapok.errors import KapokError, NotActiveError
 from kapok.replication.node import ReplicationNode
 from kapok.replication.protocol import Role
 from kapok.server.keys import REGISTRY, REPLICATION
-from kapok.server.responses import json_response
+from kapok.server.routes.responses import json_response
 
 __all__ = ["pair_state", "replication_ctx", "routes"]
 

@@ -16,7 +16,7 @@ from kapok.errors import BadRequestError, NotFoundError
 from kapok.protocol.fields import client_label, decode_object, get_bool, get_codes, get_str
 from kapok.protocol.native import draft_from_json, message_json
 from kapok.server.keys import SERVICE
-from kapok.server.responses import json_response, number_field
+from kapok.server.routes.responses import json_response, number_field
 
 __all__ = ["routes", "topic_stats"]
 

@@ -23,12 +23,13 @@ from kapok.errors import BadRequestError, KapokError, UnavailableError
 from kapok.protocol.fields import client_label
 from kapok.protocol.kapokmq import KEY_ERROR, decode_produce, draft_from_fields, encode_error, encode_pushes
 from kapok.protocol.kapokmq import OK as OK_TEXT
-from kapok.server.auth import check_key, compat_handshake
-from kapok.server.keys import SERVICE
-from kapok.server.outbox import Outbox
-from kapok.server.responses import json_response, read_form
-from kapok.server.service import BrokerService, ClientInfo
-from kapok.server.wsbase import messages, open_ws
+from kapok.server.guard.auth import check_key, compat_handshake
+from kapok.server.guard.clients import ClientInfo, Clients
+from kapok.server.keys import CLIENTS, SERVICE
+from kapok.server.routes.responses import json_response, read_form
+from kapok.server.ws.base import messages, open_ws
+from kapok.server.ws.outbox import Outbox
+from kapok.service import BrokerService
 
 __all__ = ["routes"]
 
@@ -88,10 +89,17 @@ class _Publisher(_TurnBatch[Draft]):
     alone."""
 
     def __init__(
-        self, service: BrokerService, outbox: Outbox, limit: int, topic: str, producer_id: str
+        self,
+        service: BrokerService,
+        clients: Clients,
+        outbox: Outbox,
+        limit: int,
+        topic: str,
+        producer_id: str,
     ) -> None:
         super().__init__(limit)
         self.service = service
+        self.clients = clients
         self.outbox = outbox
         self.topic = topic
         self.producer_id = producer_id
@@ -99,7 +107,7 @@ class _Publisher(_TurnBatch[Draft]):
     def error(self, kind: str, message: str) -> None:
         """Reply with an error to a frame that was not a message (after the frames before it)."""
         self.flush()
-        self.service.count_bad_input(kind)
+        self.clients.count_bad_input(kind)
         self.outbox.send(encode_error(message))
 
     def draft(self, text: str) -> Draft | None:
@@ -131,7 +139,7 @@ class _Publisher(_TurnBatch[Draft]):
             return
         except KapokError as exc:
             if len(drafts) == 1:
-                self.service.count_bad_input("compat_producer_frame")
+                self.clients.count_bad_input("compat_producer_frame")
                 self.outbox.send(encode_error(exc.message))
                 return
             for draft in drafts:
@@ -153,7 +161,7 @@ def _direct(
 ) -> Callable[[], None]:
     """What the read loop calls after each message it handled (and once before): text
     frames go straight to ``handler`` again once nothing waits in aiohttp's queue
-    (``kapok.server.wsfast``); a no-op on a socket aiohttp reads itself."""
+    (``kapok.server.ws.fast``); a no-op on a socket aiohttp reads itself."""
     fast = getattr(ws, "fast", None)
     if fast is None:
         return lambda: None
@@ -180,8 +188,9 @@ async def producer_ws(request: web.Request) -> web.StreamResponse:
         if not await compat_handshake(ws, request):
             return ws
         info = ClientInfo(producer_id, _client_ip(request), service.now(), "kapokmq", published={topic})
-        client = service.add_client(info)
-        publisher = _Publisher(service, outbox, service.config.server.max_batch, topic, producer_id)
+        clients = request.app[CLIENTS]
+        client = clients.add(info)
+        publisher = _Publisher(service, clients, outbox, service.config.server.max_batch, topic, producer_id)
         direct = _direct(ws, outbox, publisher.feed)
         try:
             direct()
@@ -201,7 +210,7 @@ async def producer_ws(request: web.Request) -> web.StreamResponse:
         finally:
             _stop(ws)
             publisher.flush()
-            service.remove_client(client)
+            clients.remove(client)
     return ws
 
 
@@ -235,8 +244,9 @@ async def consumer_ws(request: web.Request) -> web.StreamResponse:
         outbox.on_room = lambda room: service.set_room(cid, room) if consumer.room <= 0 else None
         ip = _client_ip(request)
         info = ClientInfo(consumer_id, ip, service.now(), "kapokmq", subscriptions={consumer.id})
-        client = service.add_client(info)
-        acker = _Acker(service, consumer.id, service.config.server.max_batch)
+        clients = request.app[CLIENTS]
+        client = clients.add(info)
+        acker = _Acker(service, clients, consumer.id, service.config.server.max_batch)
         direct = _direct(ws, outbox, acker.feed)
         try:
             direct()
@@ -249,7 +259,7 @@ async def consumer_ws(request: web.Request) -> web.StreamResponse:
         finally:
             _stop(ws)
             acker.flush()  # what the consumer acked before leaving is not requeued
-            service.remove_client(client)
+            clients.remove(client)
             service.unsubscribe(consumer.id)
     return ws
 
@@ -259,9 +269,10 @@ class _Acker(_TurnBatch[str]):
     append). KapokMQ clients expect no reply to an ack, so an unknown code is only counted
     and logged (once per connection)."""
 
-    def __init__(self, service: BrokerService, consumer_id: int, limit: int) -> None:
+    def __init__(self, service: BrokerService, clients: Clients, consumer_id: int, limit: int) -> None:
         super().__init__(limit)
         self.service = service
+        self.clients = clients
         self.consumer_id = consumer_id
         self._warned = False
 
@@ -275,7 +286,7 @@ class _Acker(_TurnBatch[str]):
             self.bad("compat_unknown_ack")
 
     def bad(self, kind: str) -> None:
-        self.service.count_bad_input(kind)
+        self.clients.count_bad_input(kind)
         if not self._warned:
             log.warning("consumer %s sent an ack that matches nothing it holds (%s)", self.consumer_id, kind)
             self._warned = True
@@ -300,6 +311,6 @@ async def producer_send(request: web.Request) -> web.Response:
         if durable is not None:
             await durable
     except KapokError as exc:
-        service.count_bad_input("compat_http_send")
+        request.app[CLIENTS].count_bad_input("compat_http_send")
         return json_response({"code": -1, "msg": exc.message})
     return json_response({"code": 0, "msg": codes[0]})

@@ -35,10 +35,11 @@ from kapok.protocol.native import (
     encode_subok,
     message_json,
 )
-from kapok.server.keys import SERVICE
-from kapok.server.outbox import Outbox
-from kapok.server.service import BrokerService, ClientInfo
-from kapok.server.wsbase import messages, open_ws
+from kapok.server.guard.clients import ClientInfo, Clients
+from kapok.server.keys import CLIENTS, SERVICE
+from kapok.server.ws.base import messages, open_ws
+from kapok.server.ws.outbox import Outbox
+from kapok.service import BrokerService
 
 __all__ = ["NativeConnection", "routes"]
 
@@ -56,8 +57,9 @@ MAX_LISTED_TOPICS = 100
 class NativeConnection:
     """One ``/v1/ws`` client: its subscriptions and the handlers of its frames."""
 
-    def __init__(self, service: BrokerService, outbox: Outbox, info: ClientInfo) -> None:
+    def __init__(self, service: BrokerService, clients: Clients, outbox: Outbox, info: ClientInfo) -> None:
         self.service = service
+        self.clients = clients
         self.outbox = outbox
         self.info = info  # what the consoles list: the topics it publishes to, its subscriptions
         self.name = info.client_id
@@ -89,7 +91,7 @@ class NativeConnection:
             handler(frame, rid)
         except KapokError as exc:
             if not isinstance(exc, UnavailableError):  # the node's state, not the frame's fault
-                self.service.count_bad_input(f"v1_{exc.code}")
+                self.clients.count_bad_input(f"v1_{exc.code}")
             self.outbox.send(encode_error(exc, rid))
         except Exception:  # a bug: keep the connection and the node alive
             log.exception("unexpected error handling a /v1/ws frame")
@@ -244,11 +246,12 @@ async def native_ws(request: web.Request) -> web.StreamResponse:
     name = client_label(request.query.get("client", ""), "query parameter 'client'")
     async with open_ws(request, text=False) as (ws, outbox):
         info = ClientInfo(name, request.remote or "", service.now(), "v1")
-        client = service.add_client(info)
+        clients = request.app[CLIENTS]
+        client = clients.add(info)
         # Rate limits and the console count per producer: without a name of its
         # own, each connection is its own producer.
         info.client_id = info.client_id or f"conn-{client}"
-        conn = NativeConnection(service, outbox, info)
+        conn = NativeConnection(service, clients, outbox, info)
         try:
             async for msg in messages(ws):
                 if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
@@ -256,6 +259,6 @@ async def native_ws(request: web.Request) -> web.StreamResponse:
                     if outbox.full:
                         await outbox.wait_writable()
         finally:
-            service.remove_client(client)
+            clients.remove(client)
             conn.close()
     return ws

@@ -16,9 +16,7 @@ import contextlib
 import logging
 import math
 import zlib
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from kapok.clock import Clock, SystemClock, Timer
@@ -34,10 +32,9 @@ from kapok.errors import (
     ReplicationUnavailableError,
     UnavailableError,
 )
-from kapok.server.throttle import AuthThrottle
 from kapok.storage import MemoryStore, Store
 
-__all__ = ["BrokerService", "ClientInfo", "Sink"]
+__all__ = ["BrokerService", "Sink"]
 
 log = logging.getLogger("kapok.server")
 
@@ -55,20 +52,6 @@ class Sink(Protocol):
         ...
 
 
-@dataclass(slots=True)
-class ClientInfo:
-    """A client connection, as the consoles list it: by what it does. A KapokMQ socket
-    produces to or consumes from one topic; a native one may publish to several topics
-    and hold several subscriptions, or (so far) neither."""
-
-    client_id: str
-    ip: str
-    since: float
-    protocol: str  # "kapokmq" | "v1"
-    published: set[str] = field(default_factory=set)  # topics it produces to
-    subscriptions: set[int] = field(default_factory=set)  # its consumers' ids (broker.consumers)
-
-
 class BrokerService:
     def __init__(self, config: Config, *, store: Store | None = None, clock: Clock | None = None) -> None:
         self.config = config
@@ -81,12 +64,6 @@ class BrokerService:
         self.http_port = config.server.port
         node_id = zlib.crc32(self.node_name.encode())
         self.broker = Broker(config.mq.settings(), node_id, journal=self.store.wants_changes)
-        self.clients: dict[int, ClientInfo] = {}
-        self.bad_input: Counter[str] = Counter()  # by kind, exported in /metrics
-        self.auth_failures = 0
-        srv = config.server
-        # One back-off for every way of presenting the key (kapok.server.auth.check_key).
-        self.auth_throttle = AuthThrottle(srv.auth_backoff_after, srv.auth_backoff_s, srv.auth_backoff_max_s)
         self.started_at = self.clock.time()
         # Set by replication (``kapok.replication.node``): ``gate(publish)`` raises when this
         # node must refuse a client now (a passive slave, a fenced master, a sync master
@@ -99,7 +76,6 @@ class BrokerService:
         self._waiters: dict[Group, asyncio.Event] = {}
         self._timer: Timer | None = None
         self._timer_at = math.inf
-        self._next_client = 1
 
     # ------------------------------------------------------------ lifecycle
 
@@ -156,20 +132,6 @@ class BrokerService:
         host = split_addr(cluster.advertise or cluster.bind)[0]
         scheme = "https" if self.config.server.tls_cert else "http"
         return f"{scheme}://{format_addr(host, self.http_port)}"
-
-    # ------------------------------------------------------------ clients
-
-    def add_client(self, info: ClientInfo) -> int:
-        cid = self._next_client
-        self._next_client += 1
-        self.clients[cid] = info
-        return cid
-
-    def remove_client(self, cid: int) -> None:
-        self.clients.pop(cid, None)
-
-    def count_bad_input(self, kind: str) -> None:
-        self.bad_input[kind] += 1
 
     # ------------------------------------------------------------ operations
 

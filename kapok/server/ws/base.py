@@ -11,12 +11,12 @@ from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from kapok.errors import TooManyConnectionsError
 from kapok.server.aiohttp_seam import MASKING, cancel_heartbeat, hook_lost, queued_frames
-from kapok.server.conntable import ConnState
-from kapok.server.guard import set_state
+from kapok.server.guard.connections import set_state
+from kapok.server.guard.conntable import ConnState
 from kapok.server.keys import CONNECTIONS, SERVICE
-from kapok.server.outbox import Outbox
-from kapok.server.wsfast import FastResponse
-from kapok.server.wsmask import require_masked_frames
+from kapok.server.ws.fast import FastResponse
+from kapok.server.ws.mask import require_masked_frames
+from kapok.server.ws.outbox import Outbox
 
 __all__ = ["CLOSE_TIMEOUT_S", "frame_limit", "messages", "open_ws"]
 

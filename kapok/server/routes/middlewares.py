@@ -8,8 +8,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from kapok.errors import AuthBlockedError, AuthError, KapokError
-from kapok.server.auth import bearer_token, check_key
-from kapok.server.responses import json_response
+from kapok.server.guard.auth import bearer_token, check_key
+from kapok.server.routes.responses import json_response
 
 __all__ = ["auth_middleware", "error_middleware"]
 

@@ -17,10 +17,10 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from kapok.errors import AuthBlockedError
 from kapok.protocol.kapokmq import ASK_KEY, KEY_ERROR, KEY_OK
-from kapok.server.conntable import ConnState
-from kapok.server.guard import set_state, trust
-from kapok.server.keys import SERVICE
-from kapok.server.throttle import Accept, Blocked, Reject, Verdict
+from kapok.server.guard.connections import set_state, trust
+from kapok.server.guard.conntable import ConnState
+from kapok.server.guard.throttle import Accept, Blocked, Reject, Verdict
+from kapok.server.keys import CLIENTS, SERVICE
 
 __all__ = [
     "bearer_token",
@@ -32,6 +32,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("kapok.server")
+
 
 def key_matches(given: str | None, secret: str) -> bool:
     return given is not None and hmac.compare_digest(given.encode(), secret.encode())
@@ -45,15 +46,16 @@ def bearer_token(request: web.Request) -> str | None:
 
 def judge_key(request: web.Request, given: str | None) -> Verdict:
     """Compare ``given`` with the secret key and ask the throttle what to answer; a right
-    key makes the connection trusted (``kapok.server.guard.trust``), a wrong one counts."""
+    key makes the connection trusted (``kapok.server.guard.connections.trust``), a wrong one counts."""
     service = request.app[SERVICE]
     right = key_matches(given, service.config.mq.secret_key)  # every key, constant time
     now = asyncio.get_running_loop().time()
-    verdict = service.auth_throttle.judge(request.remote or "", given, right, now)
+    clients = request.app[CLIENTS]
+    verdict = clients.auth_throttle.judge(request.remote or "", given, right, now)
     if isinstance(verdict, Accept):
         trust(request)
     elif isinstance(verdict, Reject):
-        service.auth_failures += 1
+        clients.auth_failures += 1
     return verdict
 
 
@@ -95,7 +97,7 @@ async def compat_handshake(ws: web.WebSocketResponse, request: web.Request) -> b
         try:
             msg = await ws.receive(timeout=max(give_up - loop.time(), 0.001))
         except TimeoutError:
-            service.auth_failures += 1
+            request.app[CLIENTS].auth_failures += 1
             return await _refuse(ws, "authentication timed out")
         if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
             return False

@@ -18,9 +18,9 @@ from prometheus_client.registry import Collector
 from kapok import __version__
 from kapok.cluster.messages import NodeMeta, NodeState, State
 from kapok.cluster.node import GossipNode, format_addr
-from kapok.server.keys import GOSSIP, REGISTRY, REPLICATION, SERVICE
-from kapok.server.ops import pair_role
-from kapok.server.responses import json_response
+from kapok.server.keys import CLIENTS, GOSSIP, REGISTRY, REPLICATION, SERVICE
+from kapok.server.routes.ops import pair_role
+from kapok.server.routes.responses import json_response
 from kapok.tasks import cancel_and_wait
 
 __all__ = ["announce", "compat_nodes", "gossip_ctx", "member_rows", "node_meta", "routes"]
@@ -39,7 +39,7 @@ def node_meta(app: web.Application) -> NodeMeta:
         role=pair_role(node),
         pair=node.state.partner,
         version=__version__,
-        load=float(len(service.clients)),
+        load=float(len(app[CLIENTS])),
         epoch=node.state.epoch,
         active=node.active,
         lag=node.lag(),

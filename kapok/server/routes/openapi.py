@@ -20,7 +20,7 @@ from aiohttp import web
 from kapok import __version__
 from kapok.config import Config
 from kapok.server.keys import CONFIG
-from kapok.server.responses import json_response
+from kapok.server.routes.responses import json_response
 
 __all__ = ["document", "routes"]
 

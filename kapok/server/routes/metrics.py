@@ -14,7 +14,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kapok.server import aiohttp_seam
-from kapok.server.service import BrokerService
+from kapok.server.guard.clients import Clients
+from kapok.service import BrokerService
 
 __all__ = ["make_registry"]
 
@@ -35,8 +36,9 @@ _COUNTERS = {
 
 
 class _ServiceCollector(Collector):
-    def __init__(self, service: BrokerService) -> None:
+    def __init__(self, service: BrokerService, clients: Clients) -> None:
         self.service = service
+        self.clients = clients
 
     def collect(self) -> Iterator[Metric]:
         service = self.service
@@ -46,11 +48,11 @@ class _ServiceCollector(Collector):
             family.add_metric([], getattr(stats, name))
             yield family
         bad = CounterMetricFamily("kapok_bad_input", "Malformed or refused input, by kind", labels=["kind"])
-        for kind, n in sorted(service.bad_input.items()):
+        for kind, n in sorted(self.clients.bad_input.items()):
             bad.add_metric([kind], n)
         yield bad
         auth = CounterMetricFamily("kapok_auth_failures", "Wrong or missing secret keys")
-        auth.add_metric([], service.auth_failures)
+        auth.add_metric([], self.clients.auth_failures)
         yield auth
         ready = GaugeMetricFamily("kapok_group_ready", "Ready messages per group", labels=["topic", "group"])
         inflight = GaugeMetricFamily(
@@ -75,7 +77,7 @@ class _ServiceCollector(Collector):
                 consumers.add_metric(labels, group.consumer_count())
         yield from (ready, inflight, consumers, live, live_bytes, delayed)
         clients = GaugeMetricFamily("kapok_clients", "Connected clients")
-        clients.add_metric([], len(service.clients))
+        clients.add_metric([], len(self.clients))
         yield clients
         for name, value in service.store.stats().items():
             base = name.removesuffix("_total")
@@ -105,7 +107,7 @@ def _hooks_missing() -> Metric:
     return gauge
 
 
-def make_registry(service: BrokerService) -> CollectorRegistry:
+def make_registry(service: BrokerService, clients: Clients) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_ServiceCollector(service))
+    registry.register(_ServiceCollector(service, clients))
     return registry

@@ -21,7 +21,7 @@ from aiohttp import WSCloseCode, web
 from aiohttp.http_websocket import WebSocketError
 
 from kapok.server.aiohttp_seam import wrap_frame_parser
-from kapok.server.wsframes import frame_extent
+from kapok.server.ws.frames import frame_extent
 
 __all__ = ["MaskCheck", "require_masked_frames"]
 

@@ -12,8 +12,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from kapok import __version__
 from kapok.replication.node import ReplicationNode
 from kapok.replication.protocol import Role
-from kapok.server.keys import REGISTRY, REPLICATION, SERVICE
-from kapok.server.responses import json_response
+from kapok.server.keys import CLIENTS, REGISTRY, REPLICATION, SERVICE
+from kapok.server.routes.responses import json_response
 
 __all__ = ["pair_role", "routes"]
 
@@ -37,7 +37,7 @@ async def health(request: web.Request) -> web.Response:
             "link": node.link_state(),
             "version": __version__,
             "uptime_s": round(service.now() - service.started_at, 3),
-            "clients": len(service.clients),
+            "clients": len(request.app[CLIENTS]),
         }
     )
 
