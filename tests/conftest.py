@@ -30,7 +30,10 @@ class Node(InProcessNode):
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    factor()  # a malformed KAPOK_TEST_SLOW stops the run here, not in the first test that waits
+    try:
+        factor()  # a malformed KAPOK_TEST_SLOW stops the run here, not in the first test that waits
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     scale_launch_deadlines()
 
 

@@ -40,6 +40,8 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from kapok.testing.slow import scaled
+
 __all__ = ["Direction", "FaultProxy", "Mode", "ProxyCounts", "ThreadedFaultProxy"]
 
 T = TypeVar("T")
@@ -47,7 +49,7 @@ T = TypeVar("T")
 MODES = ("pass", "cut", "delay", "one_way", "flap", "refuse", "reset")
 _CHUNK = 64 * 1024  # bytes asked for per read
 _WINDOW = 256 * 1024  # bytes queued for a slow reader before the proxy stops reading
-_CONNECT_TIMEOUT_S = 5.0
+_CONNECT_TIMEOUT_S = scaled(5.0)  # to the target (KAPOK_TEST_SLOW: kapok.testing.slow)
 
 
 class Direction(enum.StrEnum):

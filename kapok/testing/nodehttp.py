@@ -1,6 +1,7 @@
 """Small synchronous HTTP calls to a running node, for tests that drive real processes:
 publish to a topic, drain it, read one metric. Blocking (urllib), so a test thread or a
-plain test function can call them while the nodes run in other processes.
+plain test function can call them while the nodes run in other processes. Their time-outs
+are bounds, scaled by ``KAPOK_TEST_SLOW`` (``kapok.testing.slow``).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import json
 import urllib.error
 import urllib.request
 from typing import Any
+
+from kapok.testing.slow import scaled
 
 __all__ = ["drain", "metric", "publish"]
 
@@ -25,7 +28,7 @@ def publish(
     body = json.dumps({"messages": [{"data": d} for d in datas]}).encode()
     request = urllib.request.Request(f"{url}/v1/topics/{topic}/messages", data=body, headers=_headers(key))
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(request, timeout=scaled(timeout_s)) as resp:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
@@ -42,14 +45,14 @@ def drain(
         request = urllib.request.Request(
             f"{url}/v1/topics/{topic}/messages?max=500&group={group}", headers=_headers(key)
         )
-        with urllib.request.urlopen(request, timeout=10.0) as resp:
+        with urllib.request.urlopen(request, timeout=scaled(10.0)) as resp:
             batch = json.loads(resp.read())["messages"]
         if not batch:
             return out
         out += batch
         ack = json.dumps({"group": group, "codes": [m["code"] for m in batch]}).encode()
         acking = urllib.request.Request(f"{url}/v1/topics/{topic}/ack", data=ack, headers=_headers(key))
-        with urllib.request.urlopen(acking, timeout=10.0):
+        with urllib.request.urlopen(acking, timeout=scaled(10.0)):
             pass
     raise AssertionError(f"{topic} on {url} never ran dry")
 
@@ -58,7 +61,7 @@ def metric(url: str, name: str, default: float = 0.0) -> float:
     """One unlabelled sample of ``GET /metrics``; ``default`` when it is absent or the node
     does not answer."""
     try:
-        with urllib.request.urlopen(url + "/metrics", timeout=5.0) as resp:
+        with urllib.request.urlopen(url + "/metrics", timeout=scaled(5.0)) as resp:
             for line in resp.read().decode().splitlines():
                 if line.startswith(name + " "):
                     return float(line.split()[1])

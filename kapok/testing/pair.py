@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from kapok.launch import NodeProcess, cluster_sets, get_json, start_node, stop_all, wait_for
+from kapok.testing.slow import scaled
 
 __all__ = ["start_pair", "state_of"]
 
-DEADLINE_S = 30.0
+DEADLINE_S = scaled(30.0)  # for the slave to catch up (KAPOK_TEST_SLOW: kapok.testing.slow)
 
 
 def start_pair(

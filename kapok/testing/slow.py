@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ENV", "factor", "scale_launch_deadlines", "scaled"]
+__all__ = ["ENV", "factor", "scale_launch_deadlines", "scale_trial_deadline", "scaled"]
 
 ENV = "KAPOK_TEST_SLOW"
 
@@ -81,3 +81,18 @@ def scale_launch_deadlines() -> None:
     _scale_default(launch.kill_group, "timeout_s")
     _scale_default(launch.get_json, "timeout_s")
     _scale_default(launch.nodes_view, "timeout_s")
+
+
+@functools.cache
+def scale_trial_deadline() -> None:
+    """Scale the deadline of ``kapok.bench.failover``'s trial, in this process, once.
+
+    The trial (a shipped benchmark, ``python -m kapok.bench.failover``) waits up to its
+    ``DEADLINE_S`` (30 s) for the pair to pair up, to settle after the fault and for its
+    clients to finish; the e2e tests that run it (``tests/e2e/conftest.py``) scale it. Its
+    other times (the producer's patience, the health poll's time-out) are what it measures
+    with, and stay as they are.
+    """
+    from kapok.bench import failover
+
+    failover.DEADLINE_S = scaled(failover.DEADLINE_S)

@@ -13,6 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from kapok.testing.slow import scale_trial_deadline
+
+# The failover trial's deadline (test_failover, test_pair_faults run it) is a bound like the
+# tests' own: scaled by KAPOK_TEST_SLOW.
+scale_trial_deadline()
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "build" / "examples"
 # The ports the examples use: HTTP 8011-8016, gossip 8021-8026.

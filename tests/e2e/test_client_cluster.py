@@ -27,10 +27,11 @@ from kapok.client import Consumer, Message, Producer
 from kapok.errors import ConnectionLostError
 from kapok.launch import NodeProcess, get_json, nodes_view, stop_all, wait_for
 from kapok.local_cluster import plan_cluster, start_planned, start_plans
+from kapok.testing.slow import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
 
-DEADLINE_S = 30.0
+DEADLINE_S = scaled(30.0)
 N = 30_000
 
 
@@ -78,7 +79,7 @@ async def test_30000_publishes_spread_uniformly_and_are_consumed_exactly_once(
             seen[msg.text] = msg.code
             await msg.ack()
         with pytest.raises(TimeoutError):  # and nothing more comes
-            await consumer.get(0.5)
+            await consumer.get(scaled(0.5))
     counts = [producer.stats.node(name).confirmed for name in names]
     p = chi_square_uniform_p(counts)
     print(f"\n30,000 publishes in {published_s:.2f} s, all consumed after {time.monotonic() - started:.2f} s;"
@@ -93,7 +94,7 @@ async def test_30000_publishes_spread_uniformly_and_are_consumed_exactly_once(
 def _kapok(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KAPOK_")}
     return subprocess.run([sys.executable, "-m", "kapok", *args], input=stdin, capture_output=True, text=True,
-                          timeout=120, env=env, check=False)  # fmt: skip
+                          timeout=scaled(120), env=env, check=False)  # fmt: skip
 
 
 def test_the_same_through_kapok_produce_and_kapok_consume(cluster: list[NodeProcess]) -> None:
@@ -107,12 +108,13 @@ def test_the_same_through_kapok_produce_and_kapok_consume(cluster: list[NodeProc
     print(f"\nkapok produce: per master {per_node}, chi-square p = {p:.3f}")
     assert sum(per_node) == 3000 and len(per_node) == 3 and p > 0.001
     consumed = _kapok("consume", "--seed", cluster[1].url, "--topic", "acc1cli", "--count", "3000",
-                      "--timeout", "20")  # fmt: skip
+                      "--timeout", f"{scaled(20):g}")  # fmt: skip
     assert consumed.returncode == 0, consumed.stderr
     out = consumed.stdout.splitlines()
     assert len(out) == 3000 and sorted(out) == sorted(lines)
     # Acked after the write: nothing is left for a second consumer.
-    rest = _kapok("consume", "--seed", cluster[2].url, "--topic", "acc1cli", "--timeout", "0.5")
+    nothing_s = f"{scaled(0.5):g}"  # how long it waits for a message that must not come
+    rest = _kapok("consume", "--seed", cluster[2].url, "--topic", "acc1cli", "--timeout", nothing_s)
     assert rest.returncode == 0 and rest.stdout == ""
 
 
@@ -161,12 +163,12 @@ class _Traffic:
 
     async def finish(self) -> dict[str, str]:
         """Every send confirmed, and every payload received; the confirmed code of each."""
-        futures = await asyncio.wait_for(self.sender, 120)
-        await asyncio.wait_for(self.producer.flush(), 120)
+        futures = await asyncio.wait_for(self.sender, scaled(120))
+        await asyncio.wait_for(self.producer.flush(), scaled(120))
         failed = [f.exception() for f in futures if f.exception() is not None]
         assert not failed, failed[:3]
         confirmed = {str(i): f.result() for i, f in enumerate(futures)}
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while len(self.received) < self.total:
             assert time.monotonic() < deadline, f"{len(self.received)} of {self.total} received"
             await asyncio.sleep(0.05)
@@ -198,7 +200,9 @@ async def test_kill_9_a_master_while_publishing(tmp_path: Path) -> None:
     try:
         wait_for(lambda: _all_alive(nodes), DEADLINE_S, 0.1)
         consumer = Consumer(nodes[0].url, topic="kill", **FAST)
-        producer = Producer(nodes[0].url, topic="kill", in_doubt_wait_s=60.0, publish_timeout_s=90.0, **FAST)
+        producer = Producer(
+            nodes[0].url, topic="kill", in_doubt_wait_s=scaled(60.0), publish_timeout_s=scaled(90.0), **FAST
+        )
         async with consumer, producer:
             traffic = _Traffic(consumer, producer, 40_000)
             await traffic.kill_when(nodes[1], victim_plan.name, 1000)
@@ -231,7 +235,11 @@ async def test_the_client_follows_a_takeover_to_the_slave(tmp_path: Path) -> Non
         wait_for(lambda: all(_paired(by_name[m].url) for m in ("m1", "m2")), DEADLINE_S, 0.1)
         consumer = Consumer(by_name["m2"].url, topic="takeover", **FAST)
         producer = Producer(  # in doubt: wait for the pair longer than a takeover takes (3 s)
-            by_name["m2"].url, topic="takeover", in_doubt_wait_s=15.0, publish_timeout_s=90.0, **FAST
+            by_name["m2"].url,
+            topic="takeover",
+            in_doubt_wait_s=scaled(15.0),
+            publish_timeout_s=scaled(90.0),
+            **FAST,
         )
         async with consumer, producer:
             traffic = _Traffic(consumer, producer, 20_000)

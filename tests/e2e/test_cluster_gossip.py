@@ -22,10 +22,11 @@ from pathlib import Path
 import pytest
 
 from kapok.launch import NodeProcess, cluster_sets, nodes_view, start_cluster, start_node, stop_all, wait_for
+from kapok.testing.slow import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
-DEADLINE_S = 20.0  # far above the fast profile's figures: a loaded CI box must not flake
+DEADLINE_S = scaled(20.0)  # far above the fast profile's figures: a loaded CI box must not flake
 
 
 def _ring(i: int) -> str:
@@ -71,7 +72,7 @@ def test_cli_prints_the_gossip_view(cluster: list[NodeProcess]) -> None:
         [sys.executable, "-m", "kapok", "cluster", "nodes", "--seed", cluster[0].url],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=scaled(30),
         check=True,
     ).stdout
     rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
@@ -130,7 +131,7 @@ def test_r6_a_node_with_a_wrong_key_is_never_admitted(cluster: list[NodeProcess]
 
 
 def _dropped(node: NodeProcess) -> float:
-    with urllib.request.urlopen(node.url + "/metrics", timeout=2.0) as response:
+    with urllib.request.urlopen(node.url + "/metrics", timeout=scaled(2.0)) as response:
         text = response.read().decode()
     pattern = r"^kapok_gossip_dropped_packets_total\{[^}]*\} (\S+)$"
     return sum(float(v) for v in re.findall(pattern, text, re.M))

@@ -26,6 +26,7 @@ import yaml
 
 from kapok.launch import NodeProcess, nodes_view, start_node, stop_all, wait_for
 from kapok.testing.pair import start_pair, state_of
+from kapok.testing.slow import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -33,7 +34,7 @@ PAIRS = (("m1", "s1"), ("m2", "s2"), ("m3", "s3"))
 NAMES = tuple(name for pair in PAIRS for name in pair)
 KEY = "kq7-key-" + secrets.token_hex(12)
 GOSSIP_SECRET = "gz3-gossip-" + secrets.token_hex(12)
-DEADLINE_S = 60.0
+DEADLINE_S = scaled(60.0)
 # The shutdown, step by step, as the stopped master logs it (in this order).
 SHUTDOWN_STEPS = (
     "SIGTERM received: shutting down",
@@ -105,7 +106,7 @@ def _http(url: str, path: str, body: object | None = None) -> Any:
         data=None if body is None else json.dumps(body).encode(),
         headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
     )
-    with urllib.request.urlopen(request, timeout=10) as response:
+    with urllib.request.urlopen(request, timeout=scaled(10)) as response:
         return json.loads(response.read())
 
 
@@ -117,7 +118,7 @@ async def _hold_unacked(url: str, count: int) -> aiohttp.ClientWebSocketResponse
     await ws.send_json({"op": "sub", "id": 1, "topic": "jobs", "ack": "manual", "prefetch": 10})
     held = 0
     while held < count:
-        frame = await ws.receive_json(timeout=10)
+        frame = await ws.receive_json(timeout=scaled(10))
         assert frame["op"] in ("subok", "msg"), frame
         held += len(frame.get("msgs", []))
     ws._kapok_session = session  # type: ignore[attr-defined]  # closed with the socket
@@ -146,8 +147,8 @@ async def test_example_cluster_converges_and_a_sigterm_hands_over_with_every_ste
         assert len(codes) == 3  # sync mode: s1 holds them too
         consumer = await _hold_unacked(m1.url, 3)
 
-        code = await asyncio.to_thread(m1.stop, 60.0)
-        closing = await consumer.receive(timeout=10)
+        code = await asyncio.to_thread(m1.stop, scaled(60.0))
+        closing = await consumer.receive(timeout=scaled(10))
         await consumer._kapok_session.close()  # type: ignore[attr-defined]
         assert code == 0, m1.output
         assert closing.type is aiohttp.WSMsgType.CLOSE and closing.data == aiohttp.WSCloseCode.GOING_AWAY
@@ -222,7 +223,7 @@ def test_a_second_signal_during_the_shutdown_exits_at_once(tmp_path: Path) -> No
                 master.url + "/v1/topics/jobs/messages", data=b'{"data": "x"}',
                 headers={"Authorization": "Bearer test", "Content-Type": "application/json"},
             )  # fmt: skip
-            with urllib.request.urlopen(request, timeout=10):
+            with urllib.request.urlopen(request, timeout=scaled(10)):
                 pass
             return _lag(master) >= 5
 
@@ -230,7 +231,7 @@ def test_a_second_signal_during_the_shutdown_exits_at_once(tmp_path: Path) -> No
         master.proc.send_signal(signal.SIGTERM)
         wait_for(lambda: "to catch up before handing over" in master.output, DEADLINE_S, 0.05)
         master.proc.send_signal(signal.SIGTERM)
-        code = master.proc.wait(10)
+        code = master.proc.wait(scaled(10))
     finally:
         stop_all([master, slave])
     assert code == 128 + signal.SIGTERM

@@ -35,12 +35,13 @@ from kapok.testing.faultproxy import ThreadedFaultProxy
 from kapok.testing.history import HealthWatcher, History
 from kapok.testing.nodehttp import drain, metric, publish
 from kapok.testing.pair import state_of
+from kapok.testing.slow import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
 
 AUTH = {"Authorization": "Bearer test", "Content-Type": "application/json"}
 TIMEOUT_S = 1.0  # replication.failover_timeout_s of these pairs
-DEADLINE_S = 30.0
+DEADLINE_S = scaled(30.0)
 
 
 # ---------------------------------------------------------------- the trial's nemeses
@@ -109,7 +110,7 @@ class _Load:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(30)
+        self._thread.join(scaled(30))
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -141,7 +142,7 @@ def _drain(url: str, history: History) -> int:
 def _ready(url: str) -> int:
     """What ``/v1/topics`` says is waiting in ``jobs``."""
     request = urllib.request.Request(f"{url}/v1/topics", headers=AUTH)
-    with urllib.request.urlopen(request, timeout=10.0) as resp:
+    with urllib.request.urlopen(request, timeout=scaled(10.0)) as resp:
         topics = json.loads(resp.read())["topics"]
     return sum(int(t.get("live", 0)) for t in topics if t["name"] == "jobs")
 
@@ -198,8 +199,10 @@ def test_a_damaged_sync_link_with_gossip_fine_is_detected_and_heals_without_loss
             else:
                 confirmed = history.check().confirmed
                 wait_for(lambda: history.check().confirmed >= confirmed + 100, DEADLINE_S, 0.05)
-            time.sleep(3 * TIMEOUT_S)  # the fault stays a while: three failover timeouts
-            # Gossip sees the master alive all along: the link alone never makes a takeover.
+            # The fault stays a while: three failover timeouts (more on a loaded machine, where
+            # a wrong takeover would come later too). Gossip sees the master alive all along:
+            # the link alone never makes a takeover.
+            time.sleep(scaled(3 * TIMEOUT_S))
             assert (get_json(slave, "/health") or {}).get("active") is False
             proxy.set_mode("pass")
             wait_for(lambda: state_of(master).get("link_up") is True, DEADLINE_S, 0.05)

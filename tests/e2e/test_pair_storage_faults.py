@@ -427,7 +427,8 @@ def test_a_slave_that_needs_a_full_transfer_on_a_full_disk_waits_for_space_betwe
             finally:
                 os.kill(trio.slave.pid, signal.SIGCONT)
             wait_for(lambda: "gets a full transfer" in trio.master.output, DEADLINE_S, 0.1)
-            time.sleep(scaled(5 * TIMEOUT_S))  # a slave that redials at once would have fetched it again by now
+            # A slave that redials at once would have fetched it again by now.
+            time.sleep(scaled(5 * TIMEOUT_S))
             assert trio.master.output.count("gets a full transfer") == 1, trio.master.output[-3000:]
             assert trio.slave.alive() and not _active(trio.slave)
 

@@ -32,7 +32,9 @@ AUTH = {"Authorization": "Bearer test", "Content-Type": "application/json"}
 
 def _http(url: str, body: object | None = None) -> tuple[int, bytes]:
     data = None if body is None else json.dumps(body).encode()
-    with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=AUTH), timeout=scaled(10)) as resp:
+    with urllib.request.urlopen(
+        urllib.request.Request(url, data=data, headers=AUTH), timeout=scaled(10)
+    ) as resp:
         return resp.status, resp.read()
 
 
@@ -62,7 +64,9 @@ def test_pyz_serves_with_nothing_installed(tmp_path: Path) -> None:
     assert probe.returncode != 0 and "No module named 'aiohttp'" in probe.stderr, probe
     assert probe.stdout.strip() == str(tmp_path / "bare")
 
-    node = start_node(tmp_path / "node", python=bare, launcher=("-I", str(pyz)), env=clean, timeout_s=scaled(120))
+    node = start_node(
+        tmp_path / "node", python=bare, launcher=("-I", str(pyz)), env=clean, timeout_s=scaled(120)
+    )
     try:
         # Publish and consume one message through it (HTTP v1: publish, pull, ack).
         status, body = _http(node.url + "/v1/topics/jobs/messages", {"data": "from the pyz"})

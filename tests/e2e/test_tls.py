@@ -50,7 +50,9 @@ def client_context(ca: trustme.CA) -> ssl.SSLContext:
 
 def test_the_node_says_https_and_answers_over_tls(tls_node: NodeProcess, ca: trustme.CA) -> None:
     assert tls_node.url.startswith("https://127.0.0.1:")
-    with urllib.request.urlopen(tls_node.url + "/health", context=client_context(ca), timeout=REPLY_S) as resp:
+    with urllib.request.urlopen(
+        tls_node.url + "/health", context=client_context(ca), timeout=REPLY_S
+    ) as resp:
         assert json.loads(resp.read())["status"] == "ok"
     # A client that does not trust the certificate is refused by its own TLS check.
     with pytest.raises(urllib.error.URLError):

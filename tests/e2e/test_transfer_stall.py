@@ -25,6 +25,7 @@ import pytest
 
 from kapok.launch import NodeProcess, cluster_sets, get_json, nodes_view, start_node, stop_all, wait_for
 from kapok.testing.pair import state_of
+from kapok.testing.slow import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -32,8 +33,8 @@ AUTH = {"Authorization": "Bearer test", "Content-Type": "application/json"}
 MESSAGES = 200_000
 BATCH = 1000  # mq.max_batch
 POLL_S = 0.05
-MAX_STALL_S = 0.5  # the longest the master may go unanswered during the transfer
-DEADLINE_S = 60.0
+MAX_STALL_S = 0.5  # the longest the master may go unanswered during the transfer (what is tested: not scaled)
+DEADLINE_S = scaled(60.0)
 # Twice the fast profile's probe times: a member silent for a probe round (0.2 s) is
 # suspected, and dead 0.8 s later. The issue's runs (fast profile) saw the master die.
 TUNING = ("cluster.tuning.probe_interval_s=0.2", "cluster.tuning.probe_timeout_s=0.1")
@@ -42,13 +43,13 @@ TUNING = ("cluster.tuning.probe_interval_s=0.2", "cluster.tuning.probe_timeout_s
 def _publish_batch(url: str, first: int) -> None:
     body = json.dumps({"messages": [{"data": f"m{i:07d}"} for i in range(first, first + BATCH)]}).encode()
     request = urllib.request.Request(f"{url}/v1/topics/T/messages", data=body, headers=AUTH)
-    with urllib.request.urlopen(request, timeout=30.0) as resp:
+    with urllib.request.urlopen(request, timeout=scaled(30.0)) as resp:
         assert resp.status == 200
 
 
 def _metric(url: str, name: str) -> float | None:
     try:
-        with urllib.request.urlopen(url + "/metrics", timeout=5.0) as resp:
+        with urllib.request.urlopen(url + "/metrics", timeout=scaled(5.0)) as resp:
             text = resp.read().decode()
     except OSError:
         return None
