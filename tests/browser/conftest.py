@@ -5,6 +5,8 @@ installs it when missing). One browser serves every browser test; each test gets
 context (no shared cookies), logs in through the form, and leaves a screenshot of where it
 ended in ``.test-output/browser/<test>.png``. The node is a real ``kapok serve`` process
 (gossip on, so the Cluster page has a view to show), shared by the tests of a module.
+Playwright's time-outs (5 s for an ``expect``, 30 s for an action or a page load) are
+bounds like the tests' others: scaled by ``KAPOK_TEST_SLOW`` (``kapok.testing.slow``).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Page, Playwright, ViewportSize, sync_playwright
+from playwright.sync_api import Browser, Page, Playwright, ViewportSize, expect, sync_playwright
 
 from kapok.launch import NodeProcess, cluster_sets, start_node
+from kapok.testing.slow import scaled
 
 KEY = "console-key-5b1f9e"  # distinctive, so a test can look for it in every response
 OUTPUT = Path(__file__).resolve().parents[2] / ".test-output" / "browser"
@@ -44,6 +47,7 @@ def chromium_path() -> str:
 # the async tests of the other folders that run after these.
 @pytest.fixture(scope="package")
 def playwright() -> Iterator[Playwright]:
+    expect.set_options(timeout=scaled(5_000))  # ms
     with sync_playwright() as pw:
         yield pw
 
@@ -73,7 +77,7 @@ class Console:
             self.url + path, data=data, method=method,
             headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
         )  # fmt: skip
-        with urllib.request.urlopen(req, timeout=10) as response:
+        with urllib.request.urlopen(req, timeout=scaled(10)) as response:
             return json.loads(response.read())
 
     def log_in(self, page: Page, key: str = KEY) -> None:
@@ -112,6 +116,7 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
 def page(browser: Browser, console: Console, request: pytest.FixtureRequest) -> Iterator[Page]:
     """A logged-in page on the node's console; screenshot saved when the test ends."""
     context = browser.new_context(viewport=DESKTOP)
+    context.set_default_timeout(scaled(30_000))  # ms, actions and page loads
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))

@@ -21,10 +21,12 @@ import pytest
 from playwright.sync_api import Browser, Locator, Page, expect
 
 from kapok.launch import NodeProcess, cluster_sets, start_node, stop_all
+from kapok.testing.slow import scaled
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
-GOSSIP_S = 30_000  # ms: the fast profile declares a killed node dead in a few seconds; room for a slow box
+# ms: the fast profile declares a killed node dead in a few seconds; room for a slow box
+GOSSIP_S = scaled(30_000)
 FAILOVER_S = 1.0  # replication.failover_timeout_s of the pairs started here
 
 
@@ -119,6 +121,7 @@ def test_a_slave_refused_by_its_master_says_why_on_its_own_console(
     nodes += start_pair(console, tmp_path, "r", f"mq.secret_key={wrong}")
     slave = type(console)(nodes[1])  # the conftest's Console, on the slave
     context = browser.new_context(viewport=console.desktop)
+    context.set_default_timeout(scaled(30_000))  # ms, as the conftest's page fixture
     errors: list[str] = []
     try:
         page = context.new_page()

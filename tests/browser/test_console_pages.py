@@ -9,13 +9,16 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
+from kapok.testing.slow import scaled
+
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
-LIVE_S = 15_000  # ms: a refresh comes every 2 s (console.refresh_s); generous for a loaded machine
+LIVE_S = scaled(15_000)  # ms: a refresh comes every 2 s (console.refresh_s); generous for a slow box
 
 
 def test_login_keeps_the_key_out_of_the_browser(browser: Browser, console: Any) -> None:
     context = browser.new_context(viewport=console.desktop)
+    context.set_default_timeout(scaled(30_000))  # ms, as the conftest's page fixture
     page = context.new_page()
     try:
         console.log_in(page, key="not-the-key")

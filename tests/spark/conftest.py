@@ -1,7 +1,10 @@
 """The test run's one SparkSession (local[2], small shuffles, UI off, UTC), started at first use.
 
 Every test here is marked ``spark``. Without PySpark or Java they are skipped with the
-reason, except under CI (``CI`` set), where that is a broken install and fails.
+reason, except under CI (``CI`` set), where that is a broken install and fails. Their time
+bounds scale with ``KAPOK_TEST_SLOW`` (``kapok.testing.slow``): pytest-timeout's limit per
+test (tests/conftest.py), a query's ``awaitTermination``, and Spark's own network time-out
+(how long the driver waits for an executor's heartbeat, 120 s by default).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from kapok.errors import AnalyticsError
+from kapok.testing.slow import scaled
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -43,6 +47,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
             "spark.default.parallelism": "2",
             "spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("warehouse")),
             "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={tmp_path_factory.mktemp('jvm-tmp')}",
+            "spark.network.timeout": f"{round(scaled(120))}s",
         },
     )
     from kapok.analytics.stream import register

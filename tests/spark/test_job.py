@@ -32,6 +32,7 @@ from kapok.config import Config, load_config
 from kapok.console import analytics as console_analytics
 from kapok.errors import AnalyticsError
 from kapok.launch import start_node, wait_for
+from kapok.testing.slow import scaled
 
 # ---------------------------------------------------------------------------------------
 # The reference: plain Python
@@ -307,7 +308,7 @@ def _call(url: str, method: str, path: str, body: Any = None) -> Any:
     request = urllib.request.Request(url + path, data=data, method=method)
     request.add_header("Authorization", f"Bearer {SECRET}")
     request.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(request, timeout=10) as response:
+    with urllib.request.urlopen(request, timeout=scaled(10)) as response:
         return json.loads(response.read())
 
 
@@ -331,7 +332,7 @@ def _drive(url: str) -> None:
     def _status(code: str) -> str:
         return str(_call(url, "GET", f"/v1/messages/{code}")["groups"]["default"]["status"])
 
-    wait_for(lambda: all(_status(code) == "ready" for code in lapsed), 10)
+    wait_for(lambda: all(_status(code) == "ready" for code in lapsed), scaled(10))
     doomed = None  # nacked until it is dead-lettered (mq.max_deliveries=3)
     for topic in ("orders", "emails"):
         while messages := _pull(url, topic, 400):

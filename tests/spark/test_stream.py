@@ -18,6 +18,9 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
 from kapok.launch import NodeProcess, start_node
+from kapok.testing.slow import scaled
+
+QUERY_S = round(scaled(120))  # how long one availableNow query may take to run to its end (whole s)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +36,7 @@ def _call(url: str, method: str, path: str, body: Any = None) -> Any:
     request = urllib.request.Request(url + path, data=data, method=method)
     request.add_header("Authorization", "Bearer test")
     request.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(request, timeout=10) as response:
+    with urllib.request.urlopen(request, timeout=scaled(10)) as response:
         return json.loads(response.read())
 
 
@@ -82,7 +85,7 @@ def test_available_now_into_memory_reads_every_message_once_and_acks_it(
         .trigger(availableNow=True)
         .start()
     )
-    query.awaitTermination(120)
+    query.awaitTermination(QUERY_S)
     assert not query.isActive and query.exception() is None
     rows = spark.sql("SELECT code, topic, CAST(data AS STRING) AS text, attempts FROM s_memory").collect()
     assert Counter(r["code"] for r in rows) == Counter(dict.fromkeys(sent, 1))
@@ -108,7 +111,7 @@ def test_file_sink_stopped_between_batches_restarts_from_its_checkpoint(
             .trigger(availableNow=True)
             .start()
         )
-        query.awaitTermination(120)
+        query.awaitTermination(QUERY_S)
         assert not query.isActive and query.exception() is None
 
     sent = _publish(node, "s-files", 0, 400)
@@ -144,7 +147,7 @@ def test_a_query_that_dies_inside_a_batch_replays_it_exactly_from_the_checkpoint
             .trigger(availableNow=True)
             .start()
         )
-        query.awaitTermination(120)
+        query.awaitTermination(QUERY_S)
 
     sent = _publish(node, "s-crash", 0, 600)
     with pytest.raises(StreamingQueryException, match="the process died here"):
@@ -177,7 +180,7 @@ def test_a_new_named_group_is_created_by_its_first_read_and_gets_what_comes_afte
             .trigger(availableNow=True)
             .start()
         )
-        query.awaitTermination(120)
+        query.awaitTermination(QUERY_S)
         assert query.exception() is None
         return [r["code"] for r in spark.sql(f"SELECT code FROM {name}").collect()]
 
