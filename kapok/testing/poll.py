@@ -6,8 +6,10 @@ returns as soon as the condition holds; past the deadline it fails with what it 
 waiting for. (Tests that drive real processes, without an event loop of their own,
 use ``kapok.launch.wait_for``, with a deadline of ``kapok.testing.slow.scaled(...)``.)
 
-The deadline is a bound set for an ordinary machine: it is scaled by ``KAPOK_TEST_SLOW``
-(``kapok.testing.slow``), so a loaded machine waits longer instead of failing.
+A deadline is a bound set for an ordinary machine, scaled by ``KAPOK_TEST_SLOW``
+(``kapok.testing.slow``) so that a loaded machine waits longer instead of failing: the
+default one here, and one a test passes, which it writes ``scaled(...)`` (a file's ``T``)
+as it does every other bound.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ __all__ = ["eventually"]
 
 T = TypeVar("T")
 
+DEFAULT_TIMEOUT_S = 5.0  # on an ordinary machine; times KAPOK_TEST_SLOW
+
 
 # Two overloads, async check first: against the one signature
 # ``Callable[[], T | Awaitable[T]]`` mypy cannot solve T for an async check.
@@ -30,7 +34,7 @@ T = TypeVar("T")
 async def eventually(
     check: Callable[[], Awaitable[T]],
     *,
-    timeout_s: float = ...,
+    timeout_s: float | None = ...,
     what: str = ...,
     interval_s: float = ...,
 ) -> T: ...
@@ -40,7 +44,7 @@ async def eventually(
 async def eventually(
     check: Callable[[], T],
     *,
-    timeout_s: float = ...,
+    timeout_s: float | None = ...,
     what: str = ...,
     interval_s: float = ...,
 ) -> T: ...
@@ -49,20 +53,22 @@ async def eventually(
 async def eventually(
     check: Callable[[], T | Awaitable[T]],
     *,
-    timeout_s: float = 5.0,
+    timeout_s: float | None = None,
     what: str = "the condition",
     interval_s: float = 0.01,
 ) -> T:
     """Call ``check`` (plain or async) until it returns something true, and return that.
 
-    Raises ``AssertionError`` naming ``what`` once ``timeout_s`` (times ``KAPOK_TEST_SLOW``)
-    have passed on the event loop's clock without it. Between two calls the loop runs other
-    tasks for ``interval_s``, so the number of calls is bounded too.
+    Raises ``AssertionError`` naming ``what`` once ``timeout_s`` have passed on the event
+    loop's clock without it: by default 5 s times ``KAPOK_TEST_SLOW``; one given is used
+    as it is (the caller scaled it). Between two calls the loop runs other tasks for
+    ``interval_s``, so the number of calls is bounded too.
     """
     if interval_s <= 0:
         raise ValueError("interval_s must be positive")
     loop = asyncio.get_running_loop()
-    timeout_s = scaled(timeout_s)
+    if timeout_s is None:
+        timeout_s = scaled(DEFAULT_TIMEOUT_S)
     deadline = loop.time() + timeout_s
     while True:
         result = check()

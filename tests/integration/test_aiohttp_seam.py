@@ -27,6 +27,7 @@ from kapok.server import aiohttp_seam
 from kapok.server.aiohttp_seam import COMPILED_UNMASK, HEARTBEAT_DISARM, HOOKS, MASKING, check_hooks
 from kapok.server.keys import REGISTRY
 from kapok.server.ws import base as wsbase
+from kapok.testing.slow import scaled
 
 
 @pytest.fixture(autouse=True)
@@ -129,7 +130,7 @@ async def test_a_socket_without_the_masking_check_is_failed_not_served(
         session.ws_connect(f"{node.ws_url}/v1/ws", headers=auth) as ws,
     ):
         await ws.send_str('{"op": "ping", "id": 1}')
-        msg = await ws.receive(timeout=5)
+        msg = await ws.receive(timeout=scaled(5))
         assert msg.type is aiohttp.WSMsgType.CLOSE, msg
         assert msg.data == aiohttp.WSCloseCode.INTERNAL_ERROR
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]

@@ -29,8 +29,9 @@ from kapok.storage.archiver import ArchiveSettings, complete_frames, run
 from kapok.storage.disk import DiskStore
 from kapok.storage.records import encode_batch
 from kapok.testing import eventually
+from kapok.testing.slow import scaled
 
-T = 10.0  # upper bound of every wait
+T = scaled(10.0)  # upper bound of every wait
 
 
 def _events(directory: Path) -> list[dict[str, object]]:

@@ -9,14 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from kapok.testing.slow import scaled
+
 pytestmark = pytest.mark.slow
 
 
 def test_bench_client_workload(tmp_path: Path) -> None:
     args = ["--workload", "client", "--messages", "2000", "--inflight", "4", "--fsync", "never"]
     proc = subprocess.run(
-        [sys.executable, "-m", "kapok", "bench", *args, "--json", "--timeout", "90"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+        [sys.executable, "-m", "kapok", "bench", *args, "--json", "--timeout", f"{scaled(90):g}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=scaled(300), check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(proc.stdout)["rows"]

@@ -14,8 +14,11 @@ import pytest
 from kapok.client import Consumer, Producer, Status
 from kapok.client.sync import SyncConsumer, SyncProducer
 from kapok.errors import AuthError, MessageTooLargeError, QueueFullError, UnsupportedError
+from kapok.testing import eventually
+from kapok.testing.slow import scaled
 
 NodeFactory = Callable[..., Awaitable[Any]]
+T = scaled(5.0)  # upper bound of every single wait
 
 
 def status_of(producer: Producer) -> Status:
@@ -38,7 +41,7 @@ async def test_publish_and_consume_with_manual_acks(make_node: NodeFactory) -> N
         codes = [code, *(f.result() for f in futures)]
         got: list[str] = []
         while len(got) < 500:
-            msg = await consumer.get(5)
+            msg = await consumer.get(T)
             got.append(msg.code)
             await msg.ack()
     assert got == codes  # one node: FIFO
@@ -52,17 +55,17 @@ async def test_nack_requeues_or_dead_letters_and_touch_extends(make_node: NodeFa
     async with Producer(node.url, topic="jobs") as producer, Consumer(node.url, topic="jobs") as consumer:
         await producer.publish("retry me")
         await producer.publish("kill me")
-        first = await consumer.get(5)
+        first = await consumer.get(T)
         await first.touch()
         await first.nack()  # requeue
-        second = await consumer.get(5)
+        second = await consumer.get(T)
         assert second.text == "kill me"
         await second.nack(requeue=False)
-        again = await consumer.get(5)
+        again = await consumer.get(T)
         assert again.code == first.code and again.redelivered and again.attempts == 2
         await again.ack()
         async with Consumer(node.url, topic="jobs.dlq") as dlq:
-            dead = await dlq.get(5)
+            dead = await dlq.get(T)
             assert dead.text == "kill me"
             await dead.ack()
 
@@ -76,10 +79,10 @@ async def test_key_patterns_priorities_binary_payloads_and_delays(make_node: Nod
         await producer.publish(b"\x00\xffbinary", key="eu.fr")
         await producer.publish("elsewhere", key="us.ny")
         await producer.publish("later", key="eu.de", delay_s=0.3)
-        msg = await consumer.get(5)
+        msg = await consumer.get(T)
         assert (msg.data, msg.key) == (b"\x00\xffbinary", "eu.fr")
         await msg.ack()
-        later = await consumer.get(5)
+        later = await consumer.get(T)
         assert later.text == "later"
         await later.ack()
 
@@ -124,7 +127,7 @@ async def test_kapokmq_protocol_mode(make_node: NodeFactory) -> None:
             await producer.send(b"\xff")  # the protocol carries text only
         got = []
         for _ in range(51):
-            msg = await consumer.get(5)
+            msg = await consumer.get(T)
             got.append(msg.text)
             await msg.ack()
         with pytest.raises(UnsupportedError):
@@ -132,8 +135,7 @@ async def test_kapokmq_protocol_mode(make_node: NodeFactory) -> None:
     assert got == ["hello", *(f"m{i}" for i in range(50))]
     with pytest.raises(UnsupportedError):
         await Consumer(node.url, protocol="kapokmq", topic="legacy", group="g").start()
-    await asyncio.sleep(0.1)
-    assert node.broker.topic("legacy").live_count == 0  # every ack arrived
+    await eventually(lambda: node.broker.topic("legacy").live_count == 0, what="every ack to arrive")
 
 
 async def test_blocking_wrappers(make_node: NodeFactory) -> None:

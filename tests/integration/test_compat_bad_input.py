@@ -17,12 +17,13 @@ import pytest
 from aiohttp import WSMsgType
 
 from kapok.testing import eventually
+from kapok.testing.slow import scaled
 
 SECRET = "test"
 ASK_KEY = "Please enter the secret key"
 KEY_OK = "Secret key matching succeeded"
 KEY_ERROR = "Secret key matching error"
-T = 5.0
+T = scaled(5.0)  # upper bound of every single wait
 MESSAGE_TOO_BIG = 1009
 
 

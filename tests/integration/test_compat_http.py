@@ -13,10 +13,11 @@ import aiohttp
 import pytest
 
 from kapok.testing import ManualClock, eventually
+from kapok.testing.slow import scaled
 
 SECRET = "test"
 KEY_ERROR = "Secret key matching error"
-T = 5.0
+T = scaled(5.0)  # upper bound of every single wait
 CODE_RE = re.compile(r"[0-9a-f]{32}")
 MESSAGE_KEYS = {"MessageCode", "MessageData", "Topic", "CreateTime", "ConsumedTime", "DelayTime", "Status"}
 CONFIG_KEYS = {

@@ -26,13 +26,14 @@ import pytest
 from aiohttp import WSMsgType
 
 from kapok.testing import ManualClock, eventually
+from kapok.testing.slow import scaled
 
 SECRET = "test"
 ASK_KEY = "Please enter the secret key"
 KEY_OK = "Secret key matching succeeded"
 KEY_ERROR = "Secret key matching error"
 POLICY_VIOLATION = 1008
-T = 5.0  # upper bound of every single wait
+T = scaled(5.0)  # upper bound of every single wait
 CODE_RE = re.compile(r"[0-9a-f]{32}")
 PUSH_KEYS = {"MessageCode", "MessageData", "Topic", "CreateTime", "ConsumedTime", "DelayTime", "Status"}
 

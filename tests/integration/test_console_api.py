@@ -19,10 +19,11 @@ from kapok.config import load_config
 from kapok.node.app import make_app
 from kapok.testing.console import ConsoleClient, cookie_jar
 from kapok.testing.inprocess import InProcessNode
+from kapok.testing.slow import scaled
 
 KEY = "console-api-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-DEADLINE_S = 30.0  # the archiver hands its buffer to the file at least every 10 s
+DEADLINE_S = scaled(30.0)  # the archiver hands its buffer to the file at least every 10 s
 
 StartNode = Callable[..., Awaitable[InProcessNode]]
 

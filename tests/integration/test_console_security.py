@@ -25,6 +25,7 @@ from kapok.testing.clock import ManualClock
 from kapok.testing.console import ConsoleClient as Browser
 from kapok.testing.console import cookie_jar
 from kapok.testing.inprocess import InProcessNode
+from kapok.testing.slow import scaled
 
 KEY = "console-secret-7c41d2"
 XSS = "<script>alert('kapok')</script>"
@@ -201,7 +202,7 @@ async def test_wrong_keys_are_throttled_per_address(
     late = [asyncio.create_task(Browser(g, node.url).log_in(f"late{i}")) for i, g in enumerate(guessers)]
     throttle = node.app[CLIENTS].auth_throttle
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
+    deadline = loop.time() + scaled(10)
     while throttle.pending("127.0.0.1", loop.time()) < 4:
         assert loop.time() < deadline and not any(task.done() for task in late)
         await asyncio.sleep(0.01)

@@ -26,10 +26,11 @@ from aiohttp.test_utils import TestServer
 from kapok.testing import eventually
 from kapok.testing.faultproxy import Direction, FaultProxy, ThreadedFaultProxy
 from kapok.testing.history import HealthWatcher
+from kapok.testing.slow import scaled
 
 pytestmark = pytest.mark.timeout(60)
 
-T = 10.0  # upper bound of every wait
+T = scaled(10.0)  # upper bound of every wait
 
 
 class End:
@@ -248,7 +249,7 @@ async def test_a_slow_reader_gets_backpressure_not_an_overflow() -> None:
         # on would overflow the cap at once.
         await eventually(lambda: proxy.held_bytes >= 256 * 1024, timeout_s=T, what="a full window")
         server.resume()
-        await eventually(lambda: len(server.received) == size, timeout_s=30, what="every byte")
+        await eventually(lambda: len(server.received) == size, timeout_s=scaled(30), what="every byte")
         assert proxy.overflows == 0 and proxy.forwarded[Direction.TO_SERVER] == size
     finally:
         await net.aclose()

@@ -24,11 +24,12 @@ from kapok.node.app import make_app
 from kapok.server.keys import GOSSIP
 from kapok.testing import eventually
 from kapok.testing.faults import FaultyTransport
+from kapok.testing.slow import scaled
 
 pytestmark = pytest.mark.timeout(60)
 
-T = 10.0  # upper bound of every wait
-CUT_T = 30.0  # ... of a wait across a cut (dead takes suspicion timeouts, alive a reconnect round)
+T = scaled(10.0)  # upper bound of every wait
+CUT_T = scaled(30.0)  # ... of a wait across a cut (dead takes suspicion timeouts, alive a reconnect round)
 
 
 def make_node(

@@ -23,10 +23,11 @@ from kapok.cluster.messages import MemberChanged, NodeMeta, Ping, State
 from kapok.cluster.node import GossipNode, format_addr, split_addr
 from kapok.config import ClusterConfig
 from kapok.testing import eventually
+from kapok.testing.slow import scaled
 
 pytestmark = pytest.mark.timeout(60)
 
-T = 10.0  # upper bound of every wait
+T = scaled(10.0)  # upper bound of every wait
 FORGED = Codec(KeyRing([b"not-the-cluster-secret"])).encode([Ping(1, "a", "x")])
 BAD_HMAC = "dropped gossip from {}: bad HMAC — wrong cluster.secret? ({} dropped so far)"
 

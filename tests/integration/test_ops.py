@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 
 from kapok.server.keys import GOSSIP
+from kapok.testing.slow import scaled
 
 
 @pytest.fixture
@@ -86,7 +87,7 @@ async def test_metrics_count_bad_input_and_auth_failures(
         assert resp.status == 401
     async with session.ws_connect(node.ws_url + "/v1/ws", headers=auth) as ws:
         await ws.send_str("{nope")
-        frame = await ws.receive_json(timeout=3)
+        frame = await ws.receive_json(timeout=scaled(3))
         assert frame["code"] == "bad_request"
     text = await scrape(session, node)
     assert sample(text, "kapok_auth_failures_total") == 1.0

@@ -21,10 +21,11 @@ from kapok.storage.disk import begin_transfer, install_transfer
 from kapok.storage.records import encode_end
 from kapok.testing import eventually
 from kapok.testing.inprocess import RunningApp
+from kapok.testing.slow import scaled
 
 SECRET = "test"
 AUTH = {"Authorization": f"Bearer {SECRET}"}
-T = 10.0
+T = scaled(10.0)  # upper bound of every wait
 
 pytestmark = pytest.mark.timeout(60)
 

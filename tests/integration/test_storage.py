@@ -52,10 +52,11 @@ from kapok.storage.snapshot import list_snapshots
 from kapok.storage.wal import WriteAheadLog, list_segments
 from kapok.testing import ManualClock, eventually
 from kapok.testing.inprocess import InProcessNode
+from kapok.testing.slow import scaled
 
 SECRET = "test"
 AUTH = {"Authorization": f"Bearer {SECRET}"}
-T = 5.0  # upper bound of every single wait
+T = scaled(5.0)  # upper bound of every single wait
 
 Frame = dict[str, Any]
 
@@ -130,7 +131,7 @@ class GateFsync:
                 self.file_calls += 1
             self.waiting += 1
         try:
-            if not self._open.wait(timeout=10):
+            if not self._open.wait(timeout=scaled(10)):
                 self.timed_out = True
             os.fsync(fd)
         finally:
@@ -480,7 +481,7 @@ async def test_interval_acks_do_not_wait_for_fsync_and_fsyncs_run_periodically(
     idle = gate.file_calls
     # Back to its 0.02 s naps: the loop runs timers in deadline order, so the syncer has
     # looked at the idle log several times before this sleep ends.
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(scaled(0.1))
     assert gate.file_calls == idle  # nothing written, nothing to sync
 
     gate.hold()

@@ -20,8 +20,9 @@ from kapok.core.broker import Broker, Settle
 from kapok.core.model import Draft
 from kapok.replication import transfer
 from kapok.testing import eventually
+from kapok.testing.slow import scaled
 
-T = 10.0
+T = scaled(10.0)  # upper bound of every wait
 JOBS = 3000  # with 100-byte payloads, far more log than the master's 64 KiB backlog
 LATE = 20  # published last: the walk reaches them last
 PAUSES = (1, 15)  # the slices before which the test changes the master (100 records each)

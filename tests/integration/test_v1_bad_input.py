@@ -18,11 +18,13 @@ import pytest
 
 from kapok.server.ws.base import frame_limit
 from kapok.testing import eventually
+from kapok.testing.slow import scaled
 
 SUB = object()  # placeholder for the id of a real subscription on the connection
+T = scaled(3.0)  # upper bound of every single wait
 
 
-async def read_frame(ws: aiohttp.ClientWebSocketResponse, timeout: float = 3.0) -> dict[str, Any]:
+async def read_frame(ws: aiohttp.ClientWebSocketResponse, timeout: float = T) -> dict[str, Any]:
     msg = await ws.receive(timeout=timeout)
     assert msg.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY), (msg.type, msg.data, msg.extra)
     text = msg.data if isinstance(msg.data, str) else msg.data.decode()
@@ -32,7 +34,7 @@ async def read_frame(ws: aiohttp.ClientWebSocketResponse, timeout: float = 3.0) 
     return frame
 
 
-async def reply(ws: aiohttp.ClientWebSocketResponse, rid: Any, timeout: float = 3.0) -> dict[str, Any]:
+async def reply(ws: aiohttp.ClientWebSocketResponse, rid: Any, timeout: float = T) -> dict[str, Any]:
     """The reply to request ``rid`` (pushes in between are skipped)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -249,7 +251,7 @@ async def raw_upgrade(
             f"Authorization: {auth['Authorization']}\r\n\r\n"
         ).encode()
     )
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), scaled(5))
     assert head.startswith(b"HTTP/1.1 101"), head
     return reader, writer
 
@@ -272,9 +274,9 @@ async def test_frame_beyond_websocket_limit_closes_1009(
     try:
         writer.write(_masked_frame_head(0x1, 9_000_000, b'{"op": "pub", "msgs": [{"data": "xxxx'))
         await writer.drain()
-        first = await asyncio.wait_for(reader.readexactly(2), 5)
+        first = await asyncio.wait_for(reader.readexactly(2), scaled(5))
         assert first[0] == 0x88, first  # FIN + close
-        payload = await asyncio.wait_for(reader.readexactly(first[1] & 0x7F), 5)
+        payload = await asyncio.wait_for(reader.readexactly(first[1] & 0x7F), scaled(5))
         assert int.from_bytes(payload[:2], "big") == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
         assert b"Traceback" not in payload
     finally:
@@ -305,8 +307,8 @@ async def test_unmasked_client_frame_closes_1002(
         await writer.drain()
         seen = b""
         while True:  # a KapokMQ route first prompts for the key
-            first = await asyncio.wait_for(reader.readexactly(2), 5)
-            payload = await asyncio.wait_for(reader.readexactly(first[1] & 0x7F), 5)
+            first = await asyncio.wait_for(reader.readexactly(2), scaled(5))
+            payload = await asyncio.wait_for(reader.readexactly(first[1] & 0x7F), scaled(5))
             seen += payload
             if first[0] == 0x88:  # FIN + close
                 break
@@ -328,7 +330,7 @@ async def test_big_frame_from_a_real_client_is_refused(
             await ws.send_str(
                 json.dumps({"op": "pub", "id": 1, "topic": "t", "msgs": [{"data": "x" * 9_000_000}]})
             )
-        msg = await ws.receive(timeout=10)
+        msg = await ws.receive(timeout=scaled(10))
         # The close frame (1009) may be lost to the reset of a half-sent frame; either way
         # the connection ends without a reply.
         assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR), msg

@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from kapok.testing import ManualClock, eventually
+from kapok.testing.slow import scaled
 
 CODE_RE = re.compile(r"^[0-9a-f]{32}$")
 
@@ -142,7 +143,7 @@ async def test_unacked_lease_expires_and_comes_back(http: Http, timed_node: Any,
     poll = asyncio.create_task(http.pull("lease", wait=1.5, lease_s=30))
     await parked(timed_node, "lease")
     clock.advance(0.2)
-    (again,) = await asyncio.wait_for(poll, 5)
+    (again,) = await asyncio.wait_for(poll, scaled(5))
     assert again["code"] == code and again["attempts"] == 2 and again["redelivered"] is True
 
 
@@ -207,7 +208,7 @@ async def test_long_poll_returns_when_a_message_arrives(
     await parked(timed_node, "lp")
     clock.advance(2.9)  # just before its time-out: still waiting
     (code,) = await http.publish("lp", "wake")
-    pulled = await asyncio.wait_for(poll, 5)
+    pulled = await asyncio.wait_for(poll, scaled(5))
     assert [m["code"] for m in pulled] == [code]
 
 
@@ -215,7 +216,7 @@ async def test_long_poll_times_out_empty(http: Http, timed_node: Any, clock: Man
     poll = asyncio.create_task(http.call("GET", "/v1/topics/empty/messages", params={"wait": "0.3"}))
     await parked(timed_node, "empty")
     clock.advance(0.3)
-    assert await asyncio.wait_for(poll, 5) == {"messages": []}
+    assert await asyncio.wait_for(poll, scaled(5)) == {"messages": []}
 
 
 async def test_pull_on_pubsub_topic_needs_a_group(make_node: Any, auth: dict[str, str]) -> None:

@@ -23,8 +23,10 @@ import pytest
 
 from kapok.protocol.native import decode_frame, encode_pub
 from kapok.testing import ManualClock, eventually
+from kapok.testing.slow import scaled
 
 CODE_RE = re.compile(r"^[0-9a-f]{32}$")
+T = scaled(3.0)  # upper bound of every single wait
 
 Frame = dict[str, Any]
 
@@ -73,12 +75,12 @@ class Ws:
             self.pending.append(frame)
         return None
 
-    async def expect(self, pred: Callable[[Frame], bool], timeout: float = 3.0) -> Frame:
+    async def expect(self, pred: Callable[[Frame], bool], timeout: float = T) -> Frame:
         frame = await self.poll(pred, timeout)
         assert frame is not None, f"no matching frame within {timeout}s; unmatched: {self.pending}"
         return frame
 
-    async def reply(self, rid: int, timeout: float = 3.0) -> Frame:
+    async def reply(self, rid: int, timeout: float = T) -> Frame:
         return await self.expect(lambda f: f.get("id") == rid and f.get("op") != "msg", timeout)
 
     async def request(self, op: str, **fields: Any) -> Frame:
@@ -100,7 +102,7 @@ class Ws:
         sub: int = answer["sub"]
         return sub
 
-    async def msgs(self, sub: int, n: int, timeout: float = 3.0) -> list[Frame]:
+    async def msgs(self, sub: int, n: int, timeout: float = T) -> list[Frame]:
         """At least ``n`` pushed messages of ``sub``, in arrival order."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout

@@ -20,6 +20,7 @@ from aiohttp.test_utils import TestClient
 from kapok.server.ws.base import messages
 from kapok.server.ws.mask import require_masked_frames
 from kapok.testing import eventually
+from kapok.testing.slow import scaled
 
 
 async def test_messages_finds_aiohttp_parsed_frame_queue_and_reads_a_burst_in_order(
@@ -47,7 +48,7 @@ async def test_messages_finds_aiohttp_parsed_frame_queue_and_reads_a_burst_in_or
     async with client.ws_connect("/ws") as ws:
         for i in range(100):
             await ws.send_str(f"m{i}")
-        reply = await asyncio.wait_for(ws.receive(), 10)
+        reply = await asyncio.wait_for(ws.receive(), scaled(10))
         assert reply.data == "done"
     assert queue_shapes == [True], "aiohttp's WebSocket reader no longer has the private _buffer wsbase reads"
     assert seen == [f"m{i}" for i in range(100)]
@@ -73,7 +74,7 @@ async def test_require_masked_frames_finds_aiohttp_reader_and_frame_queue(
     client = await aiohttp_client(app)
     async with client.ws_connect("/ws") as ws:
         await ws.send_str("masked, as every client sends")
-        assert (await ws.receive(timeout=5)).data == "masked, as every client sends"
+        assert (await ws.receive(timeout=scaled(5))).data == "masked, as every client sends"
     assert installed == [True]
 
 
@@ -87,14 +88,14 @@ async def test_closed_websockets_are_freed_at_once(make_node: Any) -> None:
     async with aiohttp.ClientSession() as session:
         for i in range(20):
             async with session.ws_connect(f"{node.ws_url}/Producers/Conn/t/p{i}") as ws:
-                assert (await ws.receive(timeout=5)).data == "Please enter the secret key"
+                assert (await ws.receive(timeout=scaled(5))).data == "Please enter the secret key"
                 if i % 2:
                     continue  # the client leaves
-                msg = await ws.receive(timeout=5)  # the node times the handshake out
+                msg = await ws.receive(timeout=scaled(5))  # the node times the handshake out
                 assert msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSED, WSMsgType.CLOSING)
 
     def none_left() -> bool:
         gc.collect()
         return not any(isinstance(o, web.WebSocketResponse) and o not in earlier for o in gc.get_objects())
 
-    await eventually(none_left, what="every closed WebSocketResponse freed", timeout_s=10)
+    await eventually(none_left, what="every closed WebSocketResponse freed", timeout_s=scaled(10))

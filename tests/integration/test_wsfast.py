@@ -24,13 +24,14 @@ from kapok.server.ws.base import frame_limit
 from kapok.server.ws.fast import FastResponse, FastTexts
 from kapok.server.ws.frames import BINARY, CLOSE, PING, PONG, TEXT, close_payload
 from kapok.testing import eventually
+from kapok.testing.slow import scaled
 from kapok.testing.wsraw import client_frame as frame
 from kapok.testing.wsraw import upgrade_request
 
 SECRET = "test"
 ASK_KEY = b"Please enter the secret key"
 KEY_OK = b"Secret key matching succeeded"
-T = 5.0
+T = scaled(5.0)  # upper bound of every single wait
 GOOD = b'{"MessageData": "m", "DelayTime": 0}'
 
 

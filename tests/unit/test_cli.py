@@ -20,6 +20,7 @@ from kapok.cli import main
 from kapok.cluster.show import nodes_table
 from kapok.config import Config
 from kapok.errors import BrokerError
+from kapok.testing.slow import scaled
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,7 +35,7 @@ def run_kapok(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
         check=False,
     )
 

@@ -14,6 +14,7 @@ import pytest
 
 from kapok.config import Config, load_config
 from kapok.errors import ConfigError
+from kapok.testing.slow import scaled
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "build" / "examples"
@@ -103,7 +104,7 @@ def test_service_unit_runs_the_pyz_with_restarts_limits_and_a_data_directory() -
 def test_service_unit_passes_systemd_analyze_verify() -> None:
     result = subprocess.run(
         ["systemd-analyze", "verify", str(EXAMPLES / "kapok.service")],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True, text=True, timeout=scaled(60), check=False,
     )  # fmt: skip
     # verify exits 0 on unknown keys and bad values too; what it says is the verdict.
     assert result.returncode == 0 and result.stderr == "" and result.stdout == "", result.stderr

@@ -11,6 +11,7 @@ from tests.unit.client.fakes import SEED, FakeCluster, FakeSession
 
 from kapok.client import Consumer, Status
 from kapok.errors import ConnectionLostError, SlowConsumerError, UnknownCodeError, UnsupportedError
+from kapok.testing.slow import scaled
 
 FAST = {"backoff_base_s": 0.01, "backoff_cap_s": 0.05, "refresh_interval_s": 0.1}
 
@@ -98,7 +99,7 @@ async def test_a_lost_connection_discards_its_buffered_messages_and_reconnects()
             if taken.node == "a":
                 with pytest.raises(ConnectionLostError):
                     await taken.ack()
-            for _ in range(200):  # the feed subscribes again, after a short backoff
+            for _ in range(round(scaled(200))):  # the feed subscribes again, after a short backoff
                 if len(cluster.nodes["a"].sessions) == 2:
                     break
                 await asyncio.sleep(0.01)

@@ -15,6 +15,7 @@ from typing import Any, TypedDict
 from tests.unit.client.fakes import SEED, FakeCluster
 
 from kapok.client import Consumer, Producer
+from kapok.testing.slow import scaled
 
 
 class Backoff(TypedDict):
@@ -36,7 +37,7 @@ def _pair_cluster() -> FakeCluster:
 
 
 async def _until(condition: Any, what: str) -> None:
-    for _ in range(500):  # 5 s at most
+    for _ in range(round(scaled(500))):  # 5 s at most (more on a loaded machine)
         if condition():
             return
         await asyncio.sleep(0.01)
@@ -53,7 +54,7 @@ async def test_an_in_doubt_batch_follows_its_pair_to_the_slave_that_took_over() 
         async with producer:
             assert set(producer.view) == {"m1", "m2"}  # the passive slave is not a target
             futures = [await producer.send(f"m{i}") for i in range(400)]
-            await asyncio.wait_for(producer.flush(), 5)
+            await asyncio.wait_for(producer.flush(), scaled(5))
             assert producer.view["m1"].name == "s1"
     assert all(f.exception() is None for f in futures)
     in_doubt = set(m1.in_doubt[0])
@@ -89,7 +90,7 @@ async def test_a_passive_slave_that_says_not_active_is_skipped() -> None:
         async with Producer([SEED], topic="t", connector=cluster.connect, batch_size=10, **FAST) as producer:
             assert "s1" in producer.view
             futures = [await producer.send(f"m{i}") for i in range(300)]
-            await asyncio.wait_for(producer.flush(), 5)
+            await asyncio.wait_for(producer.flush(), scaled(5))
     assert all(f.exception() is None for f in futures)
     assert not s1.data and producer.stats.node("s1").failures >= 1
     assert len(cluster.nodes["m1"].data) + len(cluster.nodes["m2"].data) == 300

@@ -9,6 +9,7 @@ import pytest
 from aiohttp import WSCloseCode, WSMessage, WSMsgType
 
 from kapok.testing.faults import FaultySyncLink
+from kapok.testing.slow import scaled
 
 
 class _FakeWebSocket:
@@ -40,15 +41,15 @@ async def test_a_cut_link_holds_sends_and_reads_until_healed() -> None:
     sending = asyncio.create_task(link.send_binary(b"record"))
     ws.inbox.put_nowait(WSMessage(WSMsgType.BINARY, b"ack", None))
     reading = asyncio.create_task(link.receive())
-    await asyncio.sleep(0.1)  # a few heal polls: nothing may pass while cut
+    await asyncio.sleep(scaled(0.1))  # a few heal polls: nothing may pass while cut
     assert not sending.done() and not reading.done() and ws.sent == []
     with pytest.raises(TimeoutError):
         await link.receive(timeout=0.05)  # a read with a deadline times out, as on a dead link
     assert not link.closed
 
     cut = False
-    await asyncio.wait_for(sending, 5)
-    assert await asyncio.wait_for(reading, 5) == b"ack"
+    await asyncio.wait_for(sending, scaled(5))
+    assert await asyncio.wait_for(reading, scaled(5)) == b"ack"
     assert ws.sent == [b"record"]
 
 
@@ -58,7 +59,7 @@ async def test_a_read_delay_holds_each_frame_back() -> None:
     ws.inbox.put_nowait(WSMessage(WSMsgType.TEXT, '{"op":"ping"}', None))
     loop = asyncio.get_running_loop()
     started = loop.time()
-    frame = await link.receive(timeout=5)
+    frame = await link.receive(timeout=scaled(5))
     assert isinstance(frame, dict) and frame["op"] == "ping"
     assert loop.time() - started >= 0.05
     await link.send_control("pong")

@@ -27,8 +27,9 @@ from kapok.storage.disk import DiskStore
 from kapok.storage.records import encode_batch, encode_payload
 from kapok.storage.wal import WriteAheadLog, segment_path
 from kapok.testing import eventually
+from kapok.testing.slow import scaled
 
-T = 10.0  # upper bound of every wait
+T = scaled(10.0)  # upper bound of every wait
 
 
 class _Disk:

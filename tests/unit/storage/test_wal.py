@@ -23,8 +23,9 @@ from kapok.storage import wal as wal_module
 from kapok.storage.records import FrameReader
 from kapok.storage.wal import WriteAheadLog, list_segments
 from kapok.testing import eventually
+from kapok.testing.slow import scaled
 
-T = 10.0  # upper bound of every wait
+T = scaled(10.0)  # upper bound of every wait
 
 
 class _Recorder:
@@ -150,7 +151,7 @@ async def test_small_writes_stay_on_the_loop_unless_an_fsync_is_due(
     for records in (small, small, big, small):  # the first write opens the segment
         await wal.append(records)
         # the fsync of the directory, after the segment was created
-        await eventually(lambda: not wal._background_jobs, timeout_s=10, what="the background fsyncs")
+        await eventually(lambda: not wal._background_jobs, timeout_s=T, what="the background fsyncs")
     await wal.aclose()
     loop_thread = threading.current_thread().name
     on_loop = [name == loop_thread for name in writers]
@@ -202,7 +203,7 @@ async def test_write_now_writes_on_the_callers_turn_when_the_flusher_would_inlin
     first = wal.append(make_records(2))
     assert not wal.write_now()  # the first write opens the segment: the writer thread's
     await first
-    await eventually(lambda: not wal._background_jobs, timeout_s=10, what="the background fsyncs")
+    await eventually(lambda: not wal._background_jobs, timeout_s=T, what="the background fsyncs")
     small = wal.append(make_records(3, 2))
     assert wal.write_now() is (policy != "always")
     assert small.done() is (policy != "always")
