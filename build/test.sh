@@ -5,6 +5,23 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+# --- how slow this machine is now --------------------------------------------------------
+# The tests' time bounds (poll deadlines, reply and start-up time-outs, pytest-timeout's
+# limit per test) are set for an ordinary machine and multiplied by KAPOK_TEST_SLOW
+# (kapok/testing/slow.py): a loaded machine makes the run slower, not red. Unless it is
+# set, it follows the load before the run: 1 + the 1-minute load average per CPU, at most 4.
+if [ -z "${KAPOK_TEST_SLOW:-}" ]; then
+    cpus=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
+    load=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo 0)
+    KAPOK_TEST_SLOW=$(awk -v load="$load" -v cpus="$cpus" \
+        'BEGIN { f = 1 + load / cpus; if (f > 4) f = 4; printf "%.2f", f }')
+    slow_why="load $load on $cpus CPUs"
+else
+    slow_why="set by the caller"
+fi
+export KAPOK_TEST_SLOW
+echo "== KAPOK_TEST_SLOW=$KAPOK_TEST_SLOW ($slow_why): the tests' time bounds are multiplied by it"
+
 # --- system packages ---------------------------------------------------------------------
 # The browser tests (tests/browser) drive Debian's Chromium (and a font, so that their
 # screenshots are legible) through Playwright, which never downloads a browser of its own.
@@ -44,7 +61,16 @@ fi
 # The unit tests (CPU only: no server, no process of their own) on both cores; then the
 # rest one at a time: integration, e2e, browser and Spark tests start servers and
 # processes, and a second worker would only add to the load they are timed under.
+# Both under coverage.py (pyproject.toml's [tool.coverage.*]), with every Python process
+# the tests start: the xdist workers, the `kapok serve` nodes, the CLI and so on. Each
+# writes its data under .cache/coverage/; the report combines them, and it runs whatever
+# the tests did: the exit status is the tests' when they failed, else the report's
+# (fail_under).
+.venv/bin/coverage erase
 status=0
-.venv/bin/pytest -n 2 tests/unit || status=$?
-.venv/bin/pytest --ignore=tests/unit || status=$?
-exit "$status"
+.venv/bin/coverage run -m pytest -n 2 tests/unit || status=$?
+.venv/bin/coverage run -m pytest --ignore=tests/unit || status=$?
+echo "== coverage (HTML: .venv/bin/coverage html, then .cache/coverage/html/index.html)"
+report=0
+{ .venv/bin/coverage combine --quiet && .venv/bin/coverage report; } || report=$?
+exit $((status ? status : report))
