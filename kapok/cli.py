@@ -80,7 +80,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser(
         "bench",
-        help="measure throughput, latency, memory and recovery of a node (see README: Benchmarks)",
+        help="measure throughput, latency, memory and recovery of a node (see docs/benchmarks.md)",
         description="Start a node per case (or target --url) and run load processes against it; "
         "prints a table, or JSON with --json. Progress goes to stderr.",
     )

@@ -31,8 +31,8 @@ def percentiles(samples_ns: Sequence[int]) -> dict[str, float]:
 
 @dataclasses.dataclass
 class Row:
-    """One measured case. ``msgs_per_s`` is the workload's headline rate (see the README's
-    "Benchmarks" section for what it counts per workload); None where it does not apply."""
+    """One measured case. ``msgs_per_s`` is the workload's headline rate (see
+    docs/benchmarks.md for what it counts per workload); None where it does not apply."""
 
     workload: str
     protocol: str

@@ -2,8 +2,8 @@
 
 A KapokMQ file is recognised by its keys: ``server.addr``, the camelCase keys of ``mq``
 and ``cluster``, a ``sync`` or ``registry`` section (Kapok has none of them). ``translate``
-turns it into the mapping a Kapok file would hold, by the README's table ("Coming from
-KapokMQ"), and says for every KapokMQ key what it became or why it is ignored (``Note``);
+turns it into the mapping a Kapok file would hold, by the key table of
+docs/kapokmq.md, and says for every KapokMQ key what it became or why it is ignored (``Note``);
 the node logs those lines at start-up and ``kapok config convert`` prints the result as a
 Kapok file. Keys that are Kapok's own pass through, so a KapokMQ file may be extended with
 Kapok keys (``log: {format: json}``) while a site migrates.

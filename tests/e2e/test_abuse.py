@@ -1,7 +1,7 @@
-"""Issue 17's attacks on a live node, each shown fixed (acceptance 1).
+"""Attacks on a live node, each shown to be bounded.
 
 Each test starts a real ``kapok serve``, publishes ``KEPT`` confirmed messages, attacks
-it as the issue did (smaller, bounded loops), and then checks three things: a normal
+it (in smaller, bounded loops than a real attacker would), and then checks three things: a normal
 producer and consumer still work, the node's RSS stayed under the bound the test
 states, and every confirmed message is still there. The RSS figures are printed (run
 with ``-s``): before the attack, at its peak, after.
@@ -156,7 +156,7 @@ async def after_attack(
 async def test_1_silent_and_slow_connections_are_timed_out_and_counted_from_accept(
     nodes: list[NodeProcess], tmp_path: Path, session: aiohttp.ClientSession
 ) -> None:
-    # ulimit -n 400, as in the issue: the node lowers max_connections to what it can open.
+    # ulimit -n 400: the node lowers max_connections to what it can open.
     node = launch(nodes, tmp_path, "server.header_timeout_s=1.5", "server.body_timeout_s=1.5", nofile=400)
     kept = await publish(session, node, "kept", KEPT)
     before = rss_mb(node)
@@ -439,7 +439,7 @@ async def test_6_wrong_keys_make_their_address_wait_on_every_route(
 async def test_6_a_wrong_key_hammering_from_the_clients_own_address_does_not_lock_them_out(
     nodes: list[NodeProcess], tmp_path: Path, session: aiohttp.ClientSession
 ) -> None:
-    # Issue 22: a slave with the wrong key (or clients not yet given a new key) on the same
+    # A slave with the wrong key (or clients not yet given a new key) on the same
     # host as clients with the right one. The back-off is long (30 s), so any wait shows.
     node = launch(nodes, tmp_path, "server.auth_backoff_s=30")
     kept = await publish(session, node, "kept", KEPT)

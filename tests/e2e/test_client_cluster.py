@@ -1,7 +1,7 @@
-"""The client against real ``kapok serve`` processes joined by gossip (acceptance of the
-client issue): 30,000 publishes spread uniformly over three masters and consumed exactly
-once; the same through ``kapok produce`` / ``kapok consume``; a master killed with
-SIGKILL while publishing loses no confirmed message and duplicates none.
+"""The client against real ``kapok serve`` processes joined by gossip: 30,000 publishes
+spread uniformly over three masters and consumed exactly once; the same through
+``kapok produce`` / ``kapok consume``; a master killed with SIGKILL while publishing
+loses no confirmed message and duplicates none.
 
 Counts are asserted; times are printed (``pytest -s``), never asserted.
 """

@@ -8,7 +8,7 @@ fail / info) and a consumer that drains the active node at the end, while
 of the project's own on the sync link (``kapok.testing.faultproxy``: cut, delay, one-way,
 flap), kills and pauses during a full transfer, and damaged slave logs. Over every
 scenario: what was confirmed is delivered, never two nodes of the pair active at one poll,
-one active node at the end, nothing stranded, no traceback in any log. (Issue 22.)
+one active node at the end, nothing stranded, no traceback in any log.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A peer with the key is not yet a partner: these tests play a node with a typo in its key,
 a client that holds the key and sends one odd frame, a wiped or copied slave, and a slave
 that never reads. Each one must be refused with a reason, change nothing, and leave the
-real pair working. (Issue 22, defects 3, 6, 7, 10.)
+real pair working.
 """
 
 from __future__ import annotations

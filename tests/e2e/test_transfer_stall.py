@@ -36,7 +36,7 @@ POLL_S = 0.05
 MAX_STALL_S = 0.5  # the longest the master may go unanswered during the transfer (what is tested: not scaled)
 DEADLINE_S = scaled(60.0)
 # Twice the fast profile's probe times: a member silent for a probe round (0.2 s) is
-# suspected, and dead 0.8 s later. The runs (fast profile) saw the master die.
+# suspected, and dead 0.8 s later. On the fast profile itself, runs saw the master die.
 TUNING = ("cluster.tuning.probe_interval_s=0.2", "cluster.tuning.probe_timeout_s=0.1")
 
 

@@ -75,6 +75,16 @@ async def test_a_slave_mirrors_every_message_and_refuses_clients(
     assert info.value.status == 503
 
 
+async def test_only_the_key_promotes_a_slave(start: Start, session: aiohttp.ClientSession) -> None:
+    # A promotion without the key would give a stranger a second active master (split brain).
+    master, slave = await pair(start)
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        async with session.post(f"{slave.url}/replication/promote?force=true", headers=headers) as resp:
+            assert resp.status == 401, await resp.text()
+    assert slave.replication.role is Role.FOLLOWER and not slave.replication.active
+    assert master.replication.active
+
+
 async def test_wrong_key_is_refused_before_the_upgrade(start: Start, session: aiohttp.ClientSession) -> None:
     master = await start("m")
     for headers in ({}, {"Authorization": "Bearer wrong"}):

@@ -79,7 +79,7 @@ async def test_require_masked_frames_finds_aiohttp_reader_and_frame_queue(
 
 
 async def test_closed_websockets_are_freed_at_once(make_node: Any) -> None:
-    """Issue 17, item 5: every refused handshake kept its connection (~10 KB) alive for
+    """Every refused handshake used to keep its connection (~10 KB) alive for
     heartbeat_s, held by a heartbeat timer aiohttp re-armed while the socket closed.
     After the handshakes end, no WebSocketResponse may remain once the collector ran."""
     node = await make_node("server.auth_timeout_s=0.2")

@@ -50,7 +50,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 # Routes that carry messages or change the pair: they need the key (checked before a
 # WebSocket upgrade, so a slave with a wrong key never sees a byte of the log).
-_PROTECTED = ("/v1/", "/sync/", "/replication/unpair")
+_PROTECTED = ("/v1/", "/sync/", "/replication/unpair", "/replication/promote")
 
 
 @web.middleware

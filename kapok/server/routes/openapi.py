@@ -6,8 +6,8 @@ that the router does not have). Limits that are configuration (the longest long-
 ``wait``, the batch size) are taken from the node's config, so a client generated
 from it, or a fuzzer such as schemathesis, stays within what the node accepts.
 
-WebSocket routes are listed as the ``GET`` that upgrades them; their frames are in the
-README's protocol sections. The console's pages are listed as what they answer
+WebSocket routes are listed as the ``GET`` that upgrades them; their frames are in
+docs/protocol.md. The console's pages are listed as what they answer
 without a session (a redirect to the login page, or 401 under ``/console/api/``).
 """
 
@@ -73,7 +73,7 @@ def _op(summary: str, tag: str, responses: dict[str, Any], **extra: Any) -> dict
 
 def _upgrade(summary: str, tag: str, params: list[dict[str, Any]], security: list[Any]) -> dict[str, Any]:
     return _op(
-        summary + " (WebSocket: this GET upgrades; frames in the README)",
+        summary + " (WebSocket: this GET upgrades; frames in docs/protocol.md)",
         tag,
         {"101": {"description": "Switching Protocols"}, **_errors(400, 401, 429, 503)},
         parameters=params,
@@ -388,7 +388,7 @@ def document(config: Config) -> dict[str, Any]:
         "info": {
             "title": "Kapok",
             "version": __version__,
-            "description": "A Kapok node's HTTP routes. WebSocket frames: see the README.",
+            "description": "A Kapok node's HTTP routes. WebSocket frames: see docs/protocol.md.",
         },
         "paths": paths,
         "components": {

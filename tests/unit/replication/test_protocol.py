@@ -84,7 +84,8 @@ GONE: Gone = {
         ),
         # async mode has nothing to change,
         (replace(LEADING, **GONE, members_alive=2, members_total=3, sync_mode=False), Action.NONE),
-        # one pair and no witness cannot tell a cut from a crash: neither fence nor alone (README),
+        # one pair and no witness cannot tell a cut from a crash: neither fence nor alone
+        # (docs/replication.md),
         (replace(LEADING, **GONE, members_alive=1, members_total=2), Action.NONE),
         # and alone ends once the follower holds the whole log again.
         (replace(LEADING, alone=True, link_up=True, partner_caught_up=False), Action.NONE),
