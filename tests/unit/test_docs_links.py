@@ -22,10 +22,9 @@ CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1", re.S)
 LINK = re.compile(r"\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^()\s<>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$", re.M)
 EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)  # http:, https:, mailto: ...
-# Citations of documents that are not in the repository, and paths of one machine.
+# Citations of documents that are not in the repository.
 OUTSIDE = re.compile(
     r"\bSPEC\b|SPEC\.md|DESIGN\.md|(?<![\w/.-])reference/|\b[Ii]ssues? #?\d+|(?<![\w&#])#\d+\b"
-    r"|/work/|/home/\w"
 )
 
 
