@@ -30,7 +30,8 @@ class LibraryProducer:
         self.window = Window(batch * inflight, gauge)
         self._gauge = gauge
         self.producer = Producer(
-            self.url, secret=key, topic=topic, name=name, protocol=protocol, batch_size=batch,
+            self.url, secret=key, topic=topic, name=name, batch_size=batch,
+            protocol="kapokmq" if protocol == "kapokmq" else "native",
             max_inflight=inflight, max_pending=batch * inflight, publish_timeout_s=600.0, dedup=False,
         )  # fmt: skip
 

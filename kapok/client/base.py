@@ -15,9 +15,9 @@ import logging
 import random
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Self
+from typing import Literal, Self, TypedDict
 
 import aiohttp
 
@@ -31,28 +31,58 @@ from kapok.client.view import Member, by_pair
 from kapok.errors import ClientClosedError, ConnectionLostError, KapokError, UnavailableError
 from kapok.tasks import cancel_and_wait
 
-__all__ = ["ClientBase"]
+__all__ = ["ClientBase", "ClientOptions", "Protocol"]
 
 log = logging.getLogger("kapok.client")
 
-PROTOCOLS = ("native", "kapokmq")
+Protocol = Literal["native", "kapokmq"]
+PROTOCOLS: tuple[Protocol, ...] = ("native", "kapokmq")
 TICK_S = 0.05
 MIN_REFRESH_S = 0.2
 
 
+class ClientOptions(TypedDict, total=False):
+    """The keywords ``Producer`` and ``Consumer`` share (``**options: Unpack[ClientOptions]``:
+    typed, so editors complete them and mypy checks them)."""
+
+    secret: str
+    protocol: Protocol
+    name: str | None
+    connect_timeout_s: float
+    refresh_interval_s: float
+    heartbeat_s: float
+    backoff_base_s: float
+    backoff_cap_s: float
+    on_error: Callable[[KapokError], None] | None
+    on_disconnected: Callable[[], None] | None
+    on_reconnected: Callable[[], None] | None
+    rng: random.Random | None
+    connector: Connector | None
+    http: aiohttp.ClientSession | None
+
+
 class ClientBase:
+    """Seeds, discovery, the upkeep loop and the status, with its lifecycle callbacks:
+    ``on_disconnected`` when no node takes work any more (CONNECTED → RECONNECTING),
+    ``on_reconnected`` when one does again, ``on_error`` with each error that no call of the
+    caller's can raise (a node's error frame that answers no request; a consumer's feed that
+    cannot subscribe). A callback that raises is logged and otherwise ignored."""
+
     def __init__(
         self,
         seeds: Sequence[str] | str,
         *,
         secret: str = "test",
-        protocol: str = "native",
+        protocol: Protocol = "native",
         name: str | None = None,
         connect_timeout_s: float = 5.0,
         refresh_interval_s: float = 5.0,
         heartbeat_s: float = 15.0,
         backoff_base_s: float = 0.05,
         backoff_cap_s: float = 5.0,
+        on_error: Callable[[KapokError], None] | None = None,
+        on_disconnected: Callable[[], None] | None = None,
+        on_reconnected: Callable[[], None] | None = None,
         rng: random.Random | None = None,
         connector: Connector | None = None,
         http: aiohttp.ClientSession | None = None,
@@ -67,6 +97,9 @@ class ClientBase:
         self.heartbeat_s = heartbeat_s
         self.backoff_base_s = backoff_base_s
         self.backoff_cap_s = backoff_cap_s
+        self.on_error = on_error
+        self.on_disconnected = on_disconnected
+        self.on_reconnected = on_reconnected
         self.status = Status.NEW
         self.stats = Stats()
         self.view: dict[str, Member] = {}  # pair identity -> the active member
@@ -193,6 +226,28 @@ class ClientBase:
     def _on_server_error(self, exc: KapokError) -> None:
         self.stats.server_errors += 1
         log.warning("%s: a node reported: %s", self.name, exc)
+        self._call(self.on_error, exc)
+
+    # ------------------------------------------------------------ status and callbacks
+
+    def _set_status(self, status: Status) -> None:
+        """Move to ``status``; a CLOSED client stays closed. Fires the lifecycle callbacks."""
+        old = self.status
+        if old is status or old is Status.CLOSED:
+            return
+        self.status = status
+        if old is Status.CONNECTED and status is Status.RECONNECTING:
+            self._call(self.on_disconnected)
+        elif old is Status.RECONNECTING and status is Status.CONNECTED:
+            self._call(self.on_reconnected)
+
+    def _call(self, callback: Callable[..., None] | None, *args: object) -> None:
+        if callback is None:
+            return
+        try:
+            callback(*args)
+        except Exception:  # the caller's bug must not stop the client
+            log.exception("%s: a callback failed", self.name)
 
     def backoff(self, attempt: int) -> float:
         base, cap = self.backoff_base_s, self.backoff_cap_s

@@ -27,10 +27,10 @@ import base64
 import collections
 import functools
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any, Self
+from collections.abc import Sequence
+from typing import Any, Self, Unpack
 
-from kapok.client.base import ClientBase
+from kapok.client.base import ClientBase, ClientOptions
 from kapok.client.session import NodeSession, SubSpec
 from kapok.client.stats import Status
 from kapok.client.view import Member
@@ -152,8 +152,7 @@ class Consumer(ClientBase):
         weight: int | None = None,
         max_buffered: int = 10_000,
         max_buffered_bytes: int = 64 * 1024 * 1024,
-        on_error: Callable[[KapokError], None] | None = None,
-        **options: Any,
+        **options: Unpack[ClientOptions],
     ) -> None:
         super().__init__(seeds, **options)
         if ack not in ("manual", "auto"):
@@ -163,7 +162,6 @@ class Consumer(ClientBase):
         self.spec = SubSpec(topic, group, key, prefetch, ack, weight)
         self.max_buffered = max_buffered
         self.max_buffered_bytes = max_buffered_bytes
-        self.on_error = on_error
         self._feeds: dict[str, _Feed] = {}
         self._buffer: collections.deque[Message] = collections.deque()
         self._buffered_bytes = 0
@@ -344,7 +342,7 @@ class Consumer(ClientBase):
         if self.status is Status.CLOSED:
             return
         live = any(f.session is not None and not f.session.closed for f in self._feeds.values())
-        self.status = Status.CONNECTED if live else Status.RECONNECTING
+        self._set_status(Status.CONNECTED if live else Status.RECONNECTING)
 
     def _tick(self, now: float) -> None:
         self._update_status()

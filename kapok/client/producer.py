@@ -42,10 +42,10 @@ import logging
 import secrets
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from kapok.client.balance import make_balancer
-from kapok.client.base import ClientBase
+from kapok.client.base import ClientBase, ClientOptions
 from kapok.client.kapokmq import compat_frame
 from kapok.client.session import NodeSession
 from kapok.client.stats import Status
@@ -132,7 +132,7 @@ class Producer(ClientBase):
         publish_timeout_s: float = 30.0,
         in_doubt_wait_s: float = 10.0,
         max_message_bytes: int = 1024 * 1024,
-        **options: Any,
+        **options: Unpack[ClientOptions],
     ) -> None:
         super().__init__(seeds, **options)
         if batch_size < 1 or max_inflight < 1 or max_pending < 1:
@@ -404,7 +404,7 @@ class Producer(ClientBase):
         self.want_refresh()
         self._update_candidates()
         if self.status is Status.CONNECTING:
-            self.status = Status.RECONNECTING
+            self._set_status(Status.RECONNECTING)
         if not self._key_mode:  # what was never sent goes elsewhere now
             self._seal(lane)
             for batch in [b for b in lane.queue if not b.pinned_until]:
@@ -494,9 +494,9 @@ class Producer(ClientBase):
         if self.status in (Status.CLOSED, Status.NEW):
             return
         if any(lane.session is not None and not lane.session.closed for lane in self._lanes.values()):
-            self.status = Status.CONNECTED
+            self._set_status(Status.CONNECTED)
         elif self.status is Status.CONNECTED:
-            self.status = Status.RECONNECTING
+            self._set_status(Status.RECONNECTING)
 
     def _on_view(self) -> None:
         for pair, member in self.view.items():
