@@ -34,9 +34,13 @@ compatibility routes), and the client maps ``code`` back to the same class::
           ├── ConnectionLostError     the connection to a node broke (in-flight work is in doubt)
           ├── SlowConsumerError       the consumer's buffer overflowed (messages requeued or dropped)
           ├── ClientClosedError       the producer or consumer was closed
-          └── UnsupportedError        not possible over the chosen protocol (KapokMQ mode)
+          ├── UnsupportedError        not possible over the chosen protocol (KapokMQ mode)
+          ├── ClusterUnavailableError no seed or known member answered with the cluster view
+          └── PublishTimeoutError     no node confirmed a message within ``publish_timeout_s``
 
-kapok.client raises ``UnavailableError`` itself too, when no node confirmed a message in time.
+The last two are ``UnavailableError``s as well (the cluster cannot take the work now): an
+``except UnavailableError`` catches the node's refusals and the client's own time-outs alike,
+an ``except ClientError`` everything the client raises by itself.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ __all__ = [
     "BrokerError",
     "ClientClosedError",
     "ClientError",
+    "ClusterUnavailableError",
     "ConfigError",
     "ConnectionLostError",
     "CsrfError",
@@ -60,6 +65,7 @@ __all__ = [
     "NotActiveError",
     "NotFoundError",
     "ProtocolError",
+    "PublishTimeoutError",
     "QueueFullError",
     "RateLimitedError",
     "ReplicationError",
@@ -259,6 +265,16 @@ class ClientClosedError(ClientError):
 class UnsupportedError(ClientError):
     code = "unsupported"
     http_status = 400
+
+
+class ClusterUnavailableError(ClientError, UnavailableError):
+    code = "cluster_unavailable"
+    http_status = 503
+
+
+class PublishTimeoutError(ClientError, UnavailableError):
+    code = "publish_timeout"
+    http_status = 503
 
 
 class AnalyticsError(KapokError):

@@ -22,13 +22,13 @@ from typing import Literal, Self, TypedDict
 import aiohttp
 
 from kapok.client.backoff import backoff_delay
-from kapok.client.discovery import Discovery
+from kapok.client.discovery import Discovery, normalize_seeds
 from kapok.client.kapokmq import KapokMQSession
 from kapok.client.native import connect_native
 from kapok.client.session import Connector, NodeSession
 from kapok.client.stats import Stats, Status
 from kapok.client.view import Member, by_pair
-from kapok.errors import ClientClosedError, ConnectionLostError, KapokError, UnavailableError
+from kapok.errors import ClientClosedError, ConnectionLostError, KapokError
 from kapok.tasks import cancel_and_wait
 
 __all__ = ["ClientBase", "ClientOptions", "Protocol"]
@@ -103,7 +103,7 @@ class ClientBase:
         self.status = Status.NEW
         self.stats = Stats()
         self.view: dict[str, Member] = {}  # pair identity -> the active member
-        self._seeds = seeds
+        self._seeds = normalize_seeds(seeds)  # a bad seed fails here, before anything is opened
         self._rng = rng or random.Random()
         self._connector = connector
         self._http = http
@@ -117,7 +117,7 @@ class ClientBase:
     # ------------------------------------------------------------ life cycle
 
     async def start(self) -> Self:
-        """Read the cluster view from the seeds (``UnavailableError`` if none answers)."""
+        """Read the cluster view from the seeds (``ClusterUnavailableError`` if none answers)."""
         if self.status is not Status.NEW:
             return self
         self.status = Status.CONNECTING
@@ -190,7 +190,7 @@ class ClientBase:
                 if due and now - last_refresh >= MIN_REFRESH_S:
                     last_refresh = now
                     await self._refresh()
-            except (UnavailableError, KapokError) as exc:
+            except KapokError as exc:
                 log.warning("%s: cluster view not refreshed: %s", self.name, exc)
                 self._next_refresh = now + self.refresh_interval_s
             except Exception:  # a bug must not end the upkeep of every connection

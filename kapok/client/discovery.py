@@ -17,7 +17,7 @@ import aiohttp
 
 from kapok.client.session import remote_error
 from kapok.client.view import Member, members_from_nodes, members_from_registry
-from kapok.errors import AuthError, KapokError, UnavailableError
+from kapok.errors import AuthError, ClusterUnavailableError, KapokError
 from kapok.protocol.kapokmq import KEY_ERROR
 
 __all__ = ["Discovery", "normalize_seeds"]
@@ -68,7 +68,7 @@ class Discovery:
         self._rng = rng or random.Random()
 
     async def refresh(self) -> list[Member]:
-        """The view of the first node that answers; ``UnavailableError`` if none does.
+        """The view of the first node that answers; ``ClusterUnavailableError`` if none does.
         A wrong key (KapokMQ mode) is an ``AuthError`` at once: asking others won't help."""
         known = [m.url for m in self.members]
         self._rng.shuffle(known)
@@ -79,9 +79,11 @@ class Discovery:
                 return self.members
             except AuthError:
                 raise
-            except (aiohttp.ClientError, TimeoutError, ValueError, KapokError) as exc:
+            except TimeoutError:
+                errors.append(f"{url}: no answer within {self.timeout_s:g} s")
+            except (aiohttp.ClientError, ValueError, KapokError) as exc:
                 errors.append(f"{url}: {exc or type(exc).__name__}")
-        raise UnavailableError("no node answered with its cluster view: " + "; ".join(errors[:3]))
+        raise ClusterUnavailableError("no node answered with its cluster view: " + "; ".join(errors[:3]))
 
     async def _ask(self, url: str) -> list[Member]:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
