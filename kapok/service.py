@@ -124,8 +124,12 @@ class BrokerService:
     @property
     def advertised_url(self) -> str:
         """The URL other nodes reach this one at (gossip carries it, a slave's hello gives
-        it): a wildcard ``server.host`` (0.0.0.0, ::) is no address, so the gossip
-        address's host stands in, which others reach us at by definition."""
+        it): ``server.public_url`` when set (the node is behind a proxy or load balancer);
+        otherwise the bound address, except that a wildcard ``server.host`` (0.0.0.0, ::)
+        is no address, so the gossip address's host stands in, which others reach us at by
+        definition."""
+        if self.config.server.public_url:
+            return self.config.server.public_url.rstrip("/")
         if self.http_host not in ("0.0.0.0", "::", ""):
             return self.http_url
         cluster = self.config.cluster

@@ -117,6 +117,7 @@ class ServerConfig:
     auth_backoff_max_s: float = _opt(300.0, gt=0)  # longest wait of such an address
     tls_cert: str = ""  # PEM certificate chain: serve HTTPS and WSS (with tls_key)
     tls_key: str = ""  # PEM private key of tls_cert
+    public_url: str = ""  # http(s) URL clients are told to reach this node at; "" = from host and port
 
     @property
     def node_name(self) -> str:

@@ -21,6 +21,11 @@ def validate_config(config: Config) -> None:
         raise ConfigError("server.host: must not be empty")
     if bool(server.tls_cert) != bool(server.tls_key):
         raise ConfigError("server.tls_cert: set both server.tls_cert and server.tls_key, or neither")
+    if server.public_url and not _is_http_url(server.public_url):
+        raise ConfigError(
+            "server.public_url: expected an http(s) URL such as https://10.0.0.1:8011, "
+            f"or empty for one built from server.host and server.port, got {server.public_url!r}"
+        )
     if mq.prefetch > mq.max_prefetch:
         raise ConfigError(f"mq.prefetch: must not be above mq.max_prefetch ({mq.max_prefetch})")
     _check_host_port(cluster.bind, "cluster.bind", min_port=0)
@@ -71,6 +76,19 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _is_http_url(value: str) -> bool:
+    """``http://`` or ``https://`` (lower case: clients derive ``ws://`` / ``wss://`` from
+    it), a host, a valid port if one is given, and no query or fragment."""
+    if not value.startswith(("http://", "https://")):
+        return False
+    try:
+        url = urlsplit(value)
+        url.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+    except ValueError:
+        return False
+    return bool(url.hostname) and not url.query and not url.fragment
 
 
 def _check_host_port(value: str, path: str, *, min_port: int) -> None:

@@ -79,6 +79,7 @@ EXPECTED_DEFAULTS: dict[str, object] = {
     "server.auth_backoff_max_s": 300.0,
     "server.tls_cert": "",
     "server.tls_key": "",
+    "server.public_url": "",
     "mq.secret_key": "test",
     "mq.push_type": 1,
     "mq.ack_timeout_s": 60.0,
@@ -486,6 +487,26 @@ def test_slave_needs_a_master_url() -> None:
     assert error_of("replication.role=slave", "replication.master=http://127.0.0.1:8011").startswith(
         "replication.master: 'http://127.0.0.1:8011' is this node itself"
     )
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["10.0.0.1:8011", "ws://10.0.0.1:8011", "HTTP://h:1", "http://", "http://:8011", "http://h:99999",
+     "http://h:port", "http://[::1", "https://h:8011/?x=1", "https://h:8011/#top"],
+)  # fmt: skip
+def test_public_url_must_be_an_http_url(url: str) -> None:
+    message = error_of(f"server.public_url={url}")
+    assert message.startswith("server.public_url: expected an http(s) URL such as https://10.0.0.1:8011")
+    assert message.endswith(f"got {url!r}")
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://10.0.0.1:8011", "https://mq.internal", "http://[::1]:9011", "https://lb.internal:443/kapok/"],
+)
+def test_public_url_forms_that_load(url: str) -> None:
+    assert load(f"server.public_url={url}").server.public_url == url
+    assert load().server.public_url == ""  # empty: built from server.host and server.port
 
 
 def test_good_host_port_forms() -> None:
