@@ -2,9 +2,9 @@
 
 ``random``  each message to a uniformly chosen pair (the product's design: independent
             draws, so the masters' shares are multinomial and no state is shared).
-``p2c``     power of two choices: two distinct random pairs, the one with the lower load
-            (gossip's load figure plus what this producer has unconfirmed there, so a slow
-            node sheds work before gossip says so).
+``p2c``     power of two choices: two distinct random pairs, the one with the lower cost,
+            a figure the producer measures itself (``lanes.costs``: its latency to the
+            pair times what it has placed there and not yet settled).
 ``key``     rendezvous (highest-random-weight) hashing of the routing key over the pairs:
             one key, one pair, as long as that pair is in the view. When a pair leaves, only
             its keys move (each to its second-best pair); when one joins, it takes only the
@@ -25,7 +25,7 @@ __all__ = ["BALANCES", "Balancer", "make_balancer", "rendezvous_score"]
 
 BALANCES = ("random", "p2c", "key")
 
-# pairs (non-empty), key, load per pair -> the chosen pair
+# pairs (non-empty), key, cost per pair (p2c only) -> the chosen pair
 Balancer = Callable[[Sequence[str], str, Mapping[str, float]], str]
 
 

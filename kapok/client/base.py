@@ -103,6 +103,7 @@ class ClientBase:
         self.status = Status.NEW
         self.stats = Stats()
         self.view: dict[str, Member] = {}  # pair identity -> the active member
+        self.pairs: set[str] = set()  # pairs with a live member (the view's, and those failing over)
         self._seeds = normalize_seeds(seeds)  # a bad seed fails here, before anything is opened
         self._rng = rng or random.Random()
         self._connector = connector
@@ -177,6 +178,7 @@ class ClientBase:
         self._next_refresh = time.monotonic() + self.refresh_interval_s
         self._refresh_wanted = False
         self.view = by_pair(members)
+        self.pairs = self._discovery.pairs | self.view.keys()
         self._on_view()
 
     async def _upkeep_loop(self) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 
 from kapok.client.session import remote_error
-from kapok.client.view import Member, members_from_nodes, members_from_registry
+from kapok.client.view import Member, live_pairs, members_from_nodes, members_from_registry
 from kapok.errors import AuthError, ClusterUnavailableError, KapokError
 from kapok.protocol.kapokmq import KEY_ERROR
 
@@ -65,6 +65,7 @@ class Discovery:
         self.secret = secret
         self.timeout_s = timeout_s
         self.members: list[Member] = []
+        self.pairs: set[str] = set()  # pairs with a live member, active or not (native mode)
         self._rng = rng or random.Random()
 
     async def refresh(self) -> list[Member]:
@@ -75,7 +76,7 @@ class Discovery:
         errors = []
         for url in dict.fromkeys([*known, *self.seeds]):
             try:
-                self.members = await self._ask(url)
+                self.members, self.pairs = await self._ask(url)
                 return self.members
             except AuthError:
                 raise
@@ -85,7 +86,7 @@ class Discovery:
                 errors.append(f"{url}: {exc or type(exc).__name__}")
         raise ClusterUnavailableError("no node answered with its cluster view: " + "; ".join(errors[:3]))
 
-    async def _ask(self, url: str) -> list[Member]:
+    async def _ask(self, url: str) -> tuple[list[Member], set[str]]:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         if self.protocol == "kapokmq":
             request = self.http.post(
@@ -101,7 +102,8 @@ class Discovery:
             if isinstance(body, dict):  # {"code": -1, "msg": ...}
                 msg = str(body.get("msg", body))
                 raise AuthError(msg) if msg == KEY_ERROR else KapokError(msg)
-            return members_from_registry(body if isinstance(body, list) else [])
+            members = members_from_registry(body if isinstance(body, list) else [])
+            return members, {m.pair for m in members}
         if not isinstance(body, list):
             raise ValueError("the answer is not a list of members (is this a Kapok node?)")
-        return members_from_nodes(body)
+        return members_from_nodes(body), live_pairs(body)

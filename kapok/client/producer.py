@@ -1,12 +1,13 @@
-"""``Producer``: batches messages, spreads them over the active pairs, and retries safely.
+"""``Producer``: batches messages, spreads them over the pairs, and retries safely.
 
 Theory of operation.
 
 * Each message is placed when it is sent: the balancer picks a pair (``balance``), and the
-  message joins that pair's *lane*. A lane accumulates an open batch, sealed when it holds
-  ``batch_size`` messages or ``batch_bytes`` bytes, or ``linger_s`` after its first message
-  (0: at the end of the current loop turn, so a burst of sends fills batches by itself).
-  Sealed batches wait in the lane's queue; at most ``max_inflight`` are unconfirmed per lane.
+  message joins that pair's *lane* (``lanes.py``). A lane accumulates an open batch, sealed
+  when it holds ``batch_size`` messages or ``batch_bytes`` bytes, or ``linger_s`` after its
+  first message (0: at the end of the current loop turn, so a burst of sends fills batches
+  by itself). Sealed batches wait in the lane's queue; at most ``max_inflight`` are
+  unconfirmed per lane.
 * Every message carries a ``dedup_id`` (generated when the caller gives none), so sending a
   batch again to the *same pair* can never store it twice: the node (or its slave, which
   replicates the duplicate filter) answers a repeat with the original code.
@@ -19,89 +20,75 @@ Theory of operation.
   return — and resent there, in order, before anything newer. Only after that wait does it
   go elsewhere (logged: if the first node did store it, it now exists twice).
   ``in_doubt_wait_s=0`` prefers availability: in-doubt batches move at once.
-* In ``key`` mode a key stays on its pair while the pair is in the view, through failures
-  (its messages wait for the pair) and takeovers; keys move only when their pair leaves the
-  view, each to its next pair by rendezvous hashing.
-* A refusal by the broker (``queue_full``, ``rate_limited``, ...) fails the batch's
-  messages. A batch refused for bad input is resent message by message, so one bad message
-  does not fail its neighbours. Nothing waits forever: each message fails with
-  ``UnavailableError`` ``publish_timeout_s`` after it was sent, wherever it is.
+* ``balance="key"`` prefers order to availability: a key belongs to its *pair*, not to a
+  node. While the pair has a live member — its master, or a slave about to take over — its
+  keys wait for it, through failures and takeovers, and resume in order on the member that
+  serves the pair next. They move (each to its next pair by rendezvous hashing) only when
+  no member of the pair is left in the cluster. What waits is bounded by ``max_pending``
+  and ``publish_timeout_s``.
+* Results are per message. A refusal that concerns some messages of a batch and not
+  others — ``queue_full`` (the topic had room for some), ``rate_limited`` (the node's
+  token bucket had some tokens), ``bad_request`` (one bad message) — makes the producer
+  resend the batch message by message, in order: what the node stores is confirmed, the
+  rest fails each with its own error. ``rate_limited`` is retried: the lane pauses for a
+  backoff delay and resends, one batch at a time for a second so that none overtakes
+  another (batches already in flight when the refusal came may have); only the deadline
+  fails such a message.
+* Nothing waits forever: ``publish_timeout_s`` after it was sent, a message fails with
+  ``PublishTimeoutError`` wherever it is — queued, parked, or written and unanswered (a
+  node that stopped answering, whose connection is then dropped).
 * ``send`` waits while ``max_pending`` messages (or ``max_pending_bytes``) are unconfirmed:
   memory stays bounded however fast the caller produces.
+* Ending: ``drain()`` waits for every confirmation (at most ``publish_timeout_s``), then
+  closes; ``close()`` stops at once and fails what is unconfirmed with
+  ``ClientClosedError`` (a message written but unanswered may still have been stored).
+  Leaving ``async with`` drains, unless the block raised or was cancelled: then it closes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import bisect
-import collections
-import dataclasses
+import contextlib
 import itertools
 import logging
 import secrets
 import time
-from collections.abc import Sequence
-from typing import Any, Unpack
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, Literal, Unpack
 
 from kapok.client.balance import make_balancer
 from kapok.client.base import ClientBase, ClientOptions
 from kapok.client.kapokmq import compat_frame
+from kapok.client.lanes import Batch, Lane, costs
 from kapok.client.session import NodeSession
 from kapok.client.stats import Status
-from kapok.client.view import Member
 from kapok.errors import (
     BadRequestError,
     ClientClosedError,
     ConnectionLostError,
     KapokError,
     MessageTooLargeError,
+    PublishTimeoutError,
+    QueueFullError,
+    RateLimitedError,
     ReplicationUnconfirmedError,
     TooManyConnectionsError,
     UnavailableError,
 )
-from kapok.tasks import spawn
+from kapok.tasks import cancel_and_wait, spawn
 
-__all__ = ["Producer"]
+__all__ = ["Balance", "Producer"]
 
 log = logging.getLogger("kapok.client")
 
+Balance = Literal["random", "p2c", "key"]
+
 _NOT_SENDING = frozenset({Status.NEW, Status.CLOSED})
-
-
-@dataclasses.dataclass(slots=True)
-class _Batch:
-    seq: int
-    deadline: float
-    msgs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    futures: list[asyncio.Future[str]] = dataclasses.field(default_factory=list)
-    size: int = 0
-    attempts: int = 0
-    pinned_until: float = 0.0  # while in the future: in doubt, only for its own pair
-
-
-class _Lane:
-    """One pair: its target member, connection, open batch and queue of sealed batches."""
-
-    def __init__(self, pair: str, member: Member | None) -> None:
-        self.pair = pair
-        self.member = member
-        self.session: NodeSession | None = None
-        self.connecting: asyncio.Task[NodeSession] | None = None
-        self.gen = 0  # bumped on every failure: late reports of an old connection are ignored
-        self.open: _Batch | None = None
-        self.timer: asyncio.Handle | None = None
-        self.queue: collections.deque[_Batch] = collections.deque()  # ordered by seq
-        self.inflight = 0  # batches
-        self.unconfirmed = 0  # messages, for p2c
-        self.failures = 0
-        self.down_until = 0.0
-        self.gone = member is None  # not in the view (the parking lane never is)
-
-    def hold(self, batch: _Batch) -> None:
-        """Put a batch back in seq order (it was sent before everything queued after it)."""
-        seqs = [b.seq for b in self.queue]
-        self.queue.insert(bisect.bisect(seqs, batch.seq), batch)
+_CLOSE_WAIT_S = 1.0  # close() waits this long for connections to close politely
+_SERIAL_S = 1.0  # after a rate-limit refusal, a lane sends one batch at a time this long
+_CLOSED = "the producer was closed before a node confirmed the message"
 
 
 class Producer(ClientBase):
@@ -109,11 +96,11 @@ class Producer(ClientBase):
 
     ``await publish(data)`` returns the message code once a node confirmed it (durably, per
     that node's ``storage.fsync``); ``await send(data)`` returns at once with a future of the
-    code, and ``flush()`` waits for every future. Options beyond ``ClientBase``'s: ``topic``
-    (default for ``send``), ``balance`` (``random`` | ``p2c`` | ``key``), ``batch_size``,
-    ``batch_bytes``, ``linger_s``, ``max_inflight`` (unconfirmed batches per node),
-    ``max_pending`` and ``max_pending_bytes`` (unconfirmed in all), ``dedup`` (generate
-    dedup ids), ``publish_timeout_s``, ``in_doubt_wait_s``, ``max_message_bytes``.
+    code, and ``flush()`` waits for every future. Options beyond ``ClientOptions``: ``topic``
+    (default for ``send``), ``balance``, ``batch_size``, ``batch_bytes``, ``linger_s``,
+    ``max_inflight`` (unconfirmed batches per node), ``max_pending`` and
+    ``max_pending_bytes`` (unconfirmed in all), ``dedup`` (generate dedup ids),
+    ``publish_timeout_s``, ``in_doubt_wait_s``, ``max_message_bytes``.
     """
 
     def __init__(
@@ -121,7 +108,7 @@ class Producer(ClientBase):
         seeds: Sequence[str] | str,
         *,
         topic: str | None = None,
-        balance: str = "random",
+        balance: Balance = "random",
         batch_size: int = 100,
         batch_bytes: int = 1024 * 1024,
         linger_s: float = 0.0,
@@ -137,6 +124,8 @@ class Producer(ClientBase):
         super().__init__(seeds, **options)
         if batch_size < 1 or max_inflight < 1 or max_pending < 1:
             raise ValueError("batch_size, max_inflight and max_pending must be at least 1")
+        if publish_timeout_s <= 0:
+            raise ValueError("publish_timeout_s must be more than 0")
         self.topic = topic
         self.balance = balance
         self.batch_size = batch_size if self.protocol == "native" else min(batch_size, 1000)
@@ -154,8 +143,8 @@ class Producer(ClientBase):
         self._p2c = balance == "p2c"
         self._uniform = balance == "random"
         self._choice = self._rng.choice
-        self._lanes: dict[str, _Lane] = {}
-        self._parking = _Lane("", None)  # batches with no pair to go to, yet
+        self._lanes: dict[str, Lane] = {}
+        self._parking = Lane("", None)  # batches with no pair to go to, yet
         self._candidates: list[str] = []
         self._seq = itertools.count()
         self._dedup_prefix = secrets.token_hex(8) + "-"
@@ -165,13 +154,30 @@ class Producer(ClientBase):
         self._room = asyncio.Event()
         self._drained = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._closing = False
+        self._closing = False  # drain() or close() began: send() refuses
+        self._stopped = False  # close() began: nothing more is written
 
     # ------------------------------------------------------------ public API
 
-    async def publish(self, data: bytes | str, **fields: Any) -> str:
+    async def publish(
+        self,
+        data: bytes | str,
+        *,
+        topic: str | None = None,
+        key: str = "",
+        priority: int = 0,
+        delay_s: float = 0.0,
+        deliver_at: float = 0.0,
+        ttl_s: float = 0.0,
+        dedup_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> str:
         """Publish one message and return its code once a node has confirmed it."""
-        return await (await self.send(data, **fields))
+        future = await self.send(
+            data, topic=topic, key=key, priority=priority, delay_s=delay_s, deliver_at=deliver_at,
+            ttl_s=ttl_s, dedup_id=dedup_id, headers=headers,
+        )  # fmt: skip
+        return await future
 
     async def send(
         self,
@@ -184,6 +190,7 @@ class Producer(ClientBase):
         deliver_at: float = 0.0,
         ttl_s: float = 0.0,
         dedup_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> asyncio.Future[str]:
         """Queue one message; returns a future of its code. Waits only while the producer
         holds ``max_pending`` unconfirmed messages (backpressure)."""
@@ -211,9 +218,9 @@ class Producer(ClientBase):
         if size > self.max_message_bytes:
             limit = self.max_message_bytes
             raise MessageTooLargeError(f"message of {size} bytes is over max_message_bytes ({limit})")
-        if key or priority or delay_s or deliver_at or ttl_s:
+        if key or priority or delay_s or deliver_at or ttl_s or headers:
             options = {"key": key, "priority": priority, "delay_s": delay_s, "deliver_at": deliver_at,
-                       "ttl_s": ttl_s}  # fmt: skip
+                       "ttl_s": ttl_s, "headers": dict(headers) if headers else None}  # fmt: skip
             msg.update((name, value) for name, value in options.items() if value)
         if dedup_id or self.dedup:
             msg["dedup_id"] = dedup_id or f"{self._dedup_prefix}{next(self._dedup_seq)}"
@@ -224,7 +231,7 @@ class Producer(ClientBase):
         ):
             self._room.clear()
             await self._room.wait()
-            if self.status is Status.CLOSED:
+            if self.status is Status.CLOSED or self._closing:
                 raise ClientClosedError("the producer was closed")
         future: asyncio.Future[str] = self._loop.create_future()
         if not self._pending:
@@ -247,34 +254,52 @@ class Producer(ClientBase):
         while self._pending:
             await self._drained.wait()
 
-    async def close(self, timeout_s: float | None = None) -> None:
-        """Flush (for at most ``timeout_s``, default ``publish_timeout_s``), then disconnect;
-        messages still unconfirmed then fail with ``ClientClosedError``."""
+    async def drain(self, timeout_s: float | None = None) -> None:
+        """Wait for every confirmation (at most ``timeout_s``, default ``publish_timeout_s``),
+        then close: what is unconfirmed by then fails with ``ClientClosedError``."""
         if self.status is Status.CLOSED:
             return
         self._closing = True
-        if self.status is not Status.NEW:
-            try:
-                async with asyncio.timeout(self.publish_timeout_s if timeout_s is None else timeout_s):
-                    await self.flush()
-            except TimeoutError:
-                pass
-        for lane in (*self._lanes.values(), self._parking):
-            for batch in [*lane.queue, *([lane.open] if lane.open else [])]:
-                self._fail(batch, ClientClosedError("the producer was closed first"))
-            lane.queue.clear()
-            lane.open = None
+        try:
+            if self.status is not Status.NEW:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.publish_timeout_s if timeout_s is None else timeout_s):
+                        await self.flush()
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Stop now: unconfirmed messages fail with ``ClientClosedError`` (one that was
+        written and not yet answered may still have been stored), connections close."""
+        if self.status is Status.CLOSED:
+            return
+        self._closing = self._stopped = True
         for task in list(self._tasks):
-            task.cancel()
-        for lane in self._lanes.values():
-            if lane.session is not None:
-                await lane.session.close()
+            task.cancel()  # a batch in flight fails with ClientClosedError as its task ends
+        waits = [cancel_and_wait(lane.connecting) for lane in self._lanes.values() if lane.connecting]
+        waits += [lane.session.close() for lane in self._lanes.values() if lane.session is not None]
+        pending = [asyncio.ensure_future(w) for w in waits] + list(self._tasks)
+        if pending:  # bounded: a node that does not answer a close must not hold the caller
+            await asyncio.wait(pending, timeout=_CLOSE_WAIT_S)
+        closed = ClientClosedError(_CLOSED)
+        for lane in (*self._lanes.values(), self._parking):
+            self._seal(lane, pump=False)
+            for batch in list(lane.queue):
+                self._fail(lane.take(batch), closed)
         await self._stop_upkeep()
         self._room.set()
 
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            await self.drain()
+        else:  # an error or a cancel: do not make the caller wait for confirmations
+            await self.close()
+
     # ------------------------------------------------------------ placing and batching
 
-    def _route(self, key: str) -> _Lane:
+    def _route(self, key: str) -> Lane:
         pairs = self._candidates
         if not pairs:
             return self._parking
@@ -282,13 +307,13 @@ class Producer(ClientBase):
             return self._lanes[pairs[0]]
         loads: dict[str, float] = {}
         if self._p2c:
-            loads = {p: self.view[p].load + self._lanes[p].unconfirmed for p in pairs if p in self.view}
+            loads = costs(self._lanes[p] for p in pairs)
         return self._lanes[self._pick(pairs, key, loads)]
 
-    def _add(self, lane: _Lane, msg: dict[str, Any], future: asyncio.Future[str], size: int) -> None:
+    def _add(self, lane: Lane, msg: dict[str, Any], future: asyncio.Future[str], size: int) -> None:
         batch = lane.open
         if batch is None:
-            batch = lane.open = _Batch(next(self._seq), time.monotonic() + self.publish_timeout_s)
+            batch = lane.open = Batch(next(self._seq), time.monotonic() + self.publish_timeout_s)
             loop = self._loop
             if self.linger_s > 0:
                 lane.timer = loop.call_later(self.linger_s, self._seal, lane)
@@ -297,41 +322,45 @@ class Producer(ClientBase):
         batch.msgs.append(msg)
         batch.futures.append(future)
         batch.size += size
+        lane.load += 1
         if len(batch.msgs) >= self.batch_size or batch.size >= self.batch_bytes:
             self._seal(lane)
 
-    def _seal(self, lane: _Lane) -> None:
+    def _seal(self, lane: Lane, pump: bool = True) -> None:
         if lane.timer is not None:
             lane.timer.cancel()
             lane.timer = None
         batch, lane.open = lane.open, None
         if batch is not None:
-            lane.queue.append(batch)
-            self._pump(lane)
+            lane.queue.append(batch)  # its messages count in lane.load since _add
+            if pump:
+                self._pump(lane)
 
-    def _pump(self, lane: _Lane) -> None:
-        if lane.member is None or lane.gone or lane.down_until > time.monotonic():
+    def _pump(self, lane: Lane) -> None:
+        if self._stopped or not lane.sendable(time.monotonic()):
             return
-        loop = asyncio.get_running_loop()
-        while lane.queue and lane.inflight < self.max_inflight:
+        loop = self._loop
+        limit = 1 if lane.serial_until > time.monotonic() else self.max_inflight
+        while lane.queue and lane.inflight < limit:
             batch = lane.queue.popleft()
             lane.inflight += 1
-            lane.unconfirmed += len(batch.msgs)
             task = loop.create_task(self._send_batch(lane, batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
     # ------------------------------------------------------------ sending
 
-    async def _session(self, lane: _Lane) -> NodeSession:
+    async def _session(self, lane: Lane) -> NodeSession:
         session = lane.session
         if session is not None and not session.closed:
             return session
         if lane.connecting is None or lane.connecting.done():
-            lane.connecting = asyncio.get_running_loop().create_task(self._open(lane))
-        return await lane.connecting
+            lane.connecting = self._loop.create_task(self._open(lane))
+        # Shielded: a batch that stops waiting (its deadline) must not cancel the attempt
+        # that other batches of the lane wait for too.
+        return await asyncio.shield(lane.connecting)
 
-    async def _open(self, lane: _Lane) -> NodeSession:
+    async def _open(self, lane: Lane) -> NodeSession:
         """One connection attempt per lane at a time; every batch waiting for it shares it."""
         assert lane.member is not None
         gen = lane.gen
@@ -343,16 +372,27 @@ class Producer(ClientBase):
         self._update_status()
         return session
 
-    async def _send_batch(self, lane: _Lane, batch: _Batch) -> None:
+    async def _send_batch(self, lane: Lane, batch: Batch) -> None:
         gen, count = lane.gen, len(batch.msgs)
         try:
-            session = await self._session(lane)
-            node = self.stats.node(session.member.name)
-            node.sent += count
-            if batch.attempts:
-                self.stats.retried += count
-                node.retried += count
-            results = await session.publish(batch.msgs, self.topic)
+            async with asyncio.timeout_at(self._loop.time() + batch.deadline - time.monotonic()):
+                session = await self._session(lane)
+                node = self.stats.node(session.member.name)
+                node.sent += count
+                if batch.attempts:
+                    self.stats.retried += count
+                    node.retried += count
+                started = time.monotonic()
+                results = await session.publish(batch.msgs, self.topic)
+        except TimeoutError:
+            silent = ConnectionLostError(f"{lane.name} did not answer in time")
+            self._lane_failed(lane, gen, silent)
+            self._fail(batch, self._late(silent))
+        except asyncio.CancelledError:
+            self._fail(
+                batch, ClientClosedError("the producer was closed before a node confirmed the message")
+            )
+            raise
         except ConnectionLostError as exc:
             self._lane_failed(lane, gen, exc)
             self._retry(lane, batch, exc, in_doubt=exc.in_doubt)
@@ -366,29 +406,49 @@ class Producer(ClientBase):
             # or full: refused before anything was stored.
             self._lane_failed(lane, gen, exc)
             self._retry(lane, batch, exc, in_doubt=False)
-        except BadRequestError as exc:
+        except RateLimitedError as exc:
+            self._rate_limited(lane, batch, exc)
+        except (BadRequestError, QueueFullError) as exc:
             if count == 1:
                 self._fail(batch, exc)
-            else:  # the node refused the whole batch for one message: find out which
-                singles = zip(batch.msgs, batch.futures, strict=True)
-                lane.queue.extendleft(
-                    _Batch(batch.seq, batch.deadline, [m], [f], len(m["data"]), batch.attempts)
-                    for m, f in reversed(list(singles))
-                )
+            else:  # refused whole for some of its messages: find out which, in order
+                self._split(lane, batch)
         except KapokError as exc:
             self._fail(batch, exc)
         except Exception as exc:  # a bug or an unexpected reply: fail loudly, keep the producer
             log.exception("%s: publishing a batch failed", self.name)
             self._fail(batch, KapokError(f"publish failed: {type(exc).__name__}: {exc}"))
         else:
-            lane.failures = 0
+            now = time.monotonic()
+            lane.failures = lane.limited = 0
+            lane.observe(now - started, now)
             self._confirm(batch, results, session.member.name)
         finally:
             lane.inflight -= 1
-            lane.unconfirmed -= count
+            lane.load -= count  # a batch held again was counted back by Lane.hold
             self._pump(lane)
 
-    def _lane_failed(self, lane: _Lane, gen: int, exc: KapokError) -> None:
+    def _split(self, lane: Lane, batch: Batch) -> None:
+        for single in batch.singles():
+            lane.hold(single)
+
+    def _rate_limited(self, lane: Lane, batch: Batch, exc: KapokError) -> None:
+        """The node's token bucket for this producer is empty: pause the lane, retry in order."""
+        if time.monotonic() >= batch.deadline:
+            self._fail(
+                batch, PublishTimeoutError(f"not confirmed within {self.publish_timeout_s:g} s: {exc}")
+            )
+            return
+        batch.attempts += 1
+        for part in batch.singles() if len(batch.msgs) > 1 else [batch]:
+            lane.hold(part)
+        now = time.monotonic()
+        lane.down_until = max(lane.down_until, now + self.backoff(lane.limited))
+        lane.serial_until = now + _SERIAL_S  # one batch at a time: none overtakes a refused one
+        lane.limited += 1
+        self._update_candidates()
+
+    def _lane_failed(self, lane: Lane, gen: int, exc: KapokError) -> None:
         if gen != lane.gen:
             return  # this connection's failure was handled already
         lane.gen += 1
@@ -397,25 +457,25 @@ class Producer(ClientBase):
             spawn(session.close())
         lane.down_until = time.monotonic() + self.backoff(lane.failures)
         lane.failures += 1
-        name = lane.member.name if lane.member else lane.pair
-        self.stats.node(name).failures += 1
+        self.stats.node(lane.name).failures += 1
         wait = lane.down_until - time.monotonic()
-        log.info("%s: %s is down (retry in %.2f s): %s", self.name, name, wait, exc)
+        log.info("%s: %s is down (retry in %.2f s): %s", self.name, lane.name, wait, exc)
         self.want_refresh()
         self._update_candidates()
         if self.status is Status.CONNECTING:
             self._set_status(Status.RECONNECTING)
         if not self._key_mode:  # what was never sent goes elsewhere now
-            self._seal(lane)
-            for batch in [b for b in lane.queue if not b.pinned_until]:
-                lane.queue.remove(batch)
+            self._seal(lane, pump=False)
+            for batch in lane.take_unpinned():
                 self._elsewhere(batch)
 
-    def _retry(self, lane: _Lane, batch: _Batch, exc: KapokError, *, in_doubt: bool) -> None:
+    def _retry(self, lane: Lane, batch: Batch, exc: KapokError, *, in_doubt: bool) -> None:
         batch.attempts += 1
         now = time.monotonic()
         if now >= batch.deadline:
-            self._fail(batch, UnavailableError(f"not confirmed within {self.publish_timeout_s:g} s: {exc}"))
+            self._fail(
+                batch, PublishTimeoutError(f"not confirmed within {self.publish_timeout_s:g} s: {exc}")
+            )
         elif in_doubt and not batch.pinned_until and self.in_doubt_wait_s > 0:
             batch.pinned_until = now + self.in_doubt_wait_s
             lane.hold(batch)
@@ -424,7 +484,7 @@ class Producer(ClientBase):
         else:
             self._elsewhere(batch)
 
-    def _elsewhere(self, batch: _Batch) -> None:
+    def _elsewhere(self, batch: Batch) -> None:
         """Place a batch again, as if its messages were new (key mode: by key, in order)."""
         batch.pinned_until = 0.0
         if not self._key_mode or not self._candidates:
@@ -432,12 +492,12 @@ class Producer(ClientBase):
             lane.hold(batch)
             self._pump(lane)
             return
-        parts: dict[str, _Batch] = {}
+        parts: dict[str, Batch] = {}
         for msg, future in zip(batch.msgs, batch.futures, strict=True):
             lane = self._route(msg.get("key", ""))
             part = parts.get(lane.pair)
             if part is None:
-                part = parts[lane.pair] = _Batch(batch.seq, batch.deadline, attempts=batch.attempts)
+                part = parts[lane.pair] = Batch(batch.seq, batch.deadline, attempts=batch.attempts)
             part.msgs.append(msg)
             part.futures.append(future)
             part.size += len(msg["data"])
@@ -448,7 +508,7 @@ class Producer(ClientBase):
 
     # ------------------------------------------------------------ outcomes
 
-    def _confirm(self, batch: _Batch, results: list[str | KapokError], node: str) -> None:
+    def _confirm(self, batch: Batch, results: list[str | KapokError], node: str) -> None:
         ok = 0
         for future, result in zip(batch.futures, results, strict=True):
             if isinstance(result, KapokError):
@@ -463,12 +523,17 @@ class Producer(ClientBase):
         self.stats.node(node).confirmed += ok
         self._release(len(batch.futures), batch.size)
 
-    def _fail(self, batch: _Batch, exc: KapokError) -> None:
+    def _fail(self, batch: Batch, exc: KapokError) -> None:
         for future in batch.futures:
             if not future.done():
                 future.set_exception(exc)
         self.stats.failed += len(batch.futures)
         self._release(len(batch.futures), batch.size)
+
+    def _late(self, why: object) -> PublishTimeoutError:
+        return PublishTimeoutError(
+            f"no node confirmed the message within {self.publish_timeout_s:g} s: {why}"
+        )
 
     def _release(self, count: int, size: int) -> None:
         self._pending -= count
@@ -480,12 +545,11 @@ class Producer(ClientBase):
     # ------------------------------------------------------------ view and upkeep
 
     def _update_candidates(self) -> None:
-        now = time.monotonic()
-        if self._key_mode:
+        if self._key_mode:  # every pair still in the cluster, served now or not
             self._candidates = sorted(p for p, lane in self._lanes.items() if not lane.gone)
         else:
-            lanes = self._lanes.items()
-            self._candidates = [p for p, lane in lanes if not lane.gone and lane.down_until <= now]
+            now = time.monotonic()
+            self._candidates = [p for p, lane in self._lanes.items() if lane.sendable(now)]
         self._update_status()
 
     def _update_status(self) -> None:
@@ -499,12 +563,18 @@ class Producer(ClientBase):
             self._set_status(Status.RECONNECTING)
 
     def _on_view(self) -> None:
-        for pair, member in self.view.items():
+        for pair in self.pairs:
+            member = self.view.get(pair)
             lane = self._lanes.get(pair)
             if lane is None:
-                self._lanes[pair] = _Lane(pair, member)
+                self._lanes[pair] = Lane(pair, member)
                 continue
-            old, lane.member, lane.gone = lane.member, member, False
+            lane.gone = False
+            if member is None:
+                # Failing over: nothing new goes out; what is in flight finishes or fails.
+                lane.active = False
+                continue
+            old, lane.member, lane.active = lane.member, member, True
             if old is not None and not old.same_node(member):
                 # A takeover (or a new incarnation): what was in flight to the old member is
                 # in doubt and will be resent to the new one, which holds the same log.
@@ -512,14 +582,13 @@ class Producer(ClientBase):
                 self._lane_failed(lane, lane.gen, ConnectionLostError(f"{pair} moved to {member.name}"))
                 lane.down_until = 0.0
         for pair, lane in self._lanes.items():
-            if pair not in self.view and not lane.gone:
-                lane.gone = True
-                self._seal(lane)
+            if pair not in self.pairs and not lane.gone:
+                lane.gone, lane.active = True, False
+                self._seal(lane, pump=False)
         self._update_candidates()
         for lane in self._lanes.values():
-            if lane.gone:
-                for batch in [b for b in lane.queue if not b.pinned_until]:
-                    lane.queue.remove(batch)
+            if lane.gone or (not lane.active and not self._key_mode):
+                for batch in lane.take_unpinned():
                     self._elsewhere(batch)
             else:
                 self._pump(lane)
@@ -532,23 +601,19 @@ class Producer(ClientBase):
                 changed = True
             for batch in list(lane.queue):
                 if batch.deadline <= now:
-                    lane.queue.remove(batch)
-                    why = f"no node confirmed it within {self.publish_timeout_s:g} s"
-                    self._fail(batch, UnavailableError(why))
-                elif batch.pinned_until and batch.pinned_until <= now and (lane.gone or lane.down_until):
-                    lane.queue.remove(batch)
+                    why = f"waiting for {lane.name}" if lane.pair else "no node takes messages"
+                    self._fail(lane.take(batch), self._late(why))
+                elif batch.pinned_until and batch.pinned_until <= now and not lane.sendable(now):
                     log.warning(
                         "%s: %d message(s) in doubt on %s go elsewhere after %.1f s; if that node had "
                         "stored them, they now exist twice", self.name, len(batch.msgs), lane.pair,
                         self.in_doubt_wait_s,
                     )  # fmt: skip
-                    self._elsewhere(batch)
+                    self._elsewhere(lane.take(batch))
         if changed:
             self._update_candidates()
             for lane in self._lanes.values():
                 self._pump(lane)
         if self._candidates and self._parking.queue:
-            parked = list(self._parking.queue)
-            self._parking.queue.clear()
-            for batch in parked:
-                self._elsewhere(batch)
+            for batch in list(self._parking.queue):
+                self._elsewhere(self._parking.take(batch))

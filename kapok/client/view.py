@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["Member", "by_pair", "members_from_nodes", "members_from_registry"]
+__all__ = ["Member", "by_pair", "live_pairs", "members_from_nodes", "members_from_registry"]
 
 _LIVE = ("alive", "suspect")
 
@@ -71,6 +71,19 @@ def members_from_nodes(rows: Iterable[Any]) -> list[Member]:
         epoch = row.get("epoch")
         epoch = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else 0
         out.append(Member(name, url, pair, epoch, _number(row, "load"), role))
+    return out
+
+
+def live_pairs(rows: Iterable[Any]) -> set[str]:
+    """The pair identities with a live member, active or not: a pair whose master died and
+    whose slave has not yet taken over is still here (``balance="key"`` keeps its keys)."""
+    out = set()
+    for row in rows:
+        if isinstance(row, dict) and row.get("state") in _LIVE:
+            name, role = _text(row, "name"), _text(row, "role") or "master"
+            pair = _text(row, "pair_id") or (name if role == "master" else (_text(row, "pair") or name))
+            if pair:
+                out.add(pair)
     return out
 
 

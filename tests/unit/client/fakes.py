@@ -20,7 +20,14 @@ from aioresponses import CallbackResult, aioresponses
 
 from kapok.client.session import Deliver, SubSpec
 from kapok.client.view import Member
-from kapok.errors import BadRequestError, ConnectionLostError, KapokError, NotActiveError
+from kapok.errors import (
+    BadRequestError,
+    ConnectionLostError,
+    KapokError,
+    NotActiveError,
+    QueueFullError,
+    RateLimitedError,
+)
 
 SEED = "http://seed.test:1"
 
@@ -48,6 +55,10 @@ class FakeNode:
         self.view: dict[str, Any] = {}  # how /cluster/nodes shows this node (over the defaults)
         self.passive = False  # answers not_active, like a slave that has not taken over
         self.on_break: Callable[[], None] | None = None
+        self.max_length = 0  # > 0: a batch that would store more than this in all is refused (queue_full)
+        self.tokens: int | None = None  # a rate limit: how many more messages it takes
+        self.delay_s = 0.0  # each publish answers this much later
+        self.silent = False  # publishes are never answered (a stopped process)
 
     def row(self, **fields: Any) -> dict[str, Any]:
         row = {"name": self.name, "http_url": self.url, "state": "alive", "role": "master",
@@ -68,6 +79,13 @@ class FakeNode:
     def store(self, msgs: list[dict[str, Any]]) -> list[str | KapokError]:
         if any(m["data"] == "bad" for m in msgs):
             raise BadRequestError("field 'data' is bad")  # the node refuses the whole batch
+        fresh = sum(1 for m in msgs if (m.get("dedup_id") or "") not in self.stored)
+        if self.max_length and len(self.data) + fresh > self.max_length:
+            raise QueueFullError(f"topic is full (max_length {self.max_length})")
+        if self.tokens is not None:
+            if fresh > self.tokens:
+                raise RateLimitedError("over its publish rate")
+            self.tokens -= fresh
         codes: list[str | KapokError] = []
         for m in msgs:
             dedup = m.get("dedup_id") or f"anon-{len(self.data)}"
@@ -96,7 +114,9 @@ class FakeSession:
     async def publish(self, msgs: list[dict[str, Any]], topic: str | None = None) -> list[str | KapokError]:
         if self._closed:
             raise ConnectionLostError("closed", False)
-        await asyncio.sleep(0)  # a round trip
+        await asyncio.sleep(self.node.delay_s)  # a round trip
+        if self.node.silent:
+            await self._done.wait()  # answered by nothing but the connection's end
         if self._closed:  # the connection broke while the batch was on its way
             raise ConnectionLostError(f"lost {self.node.name}")
         codes = self.node.store(msgs)
