@@ -204,13 +204,13 @@ class Broker:
         store = self._store
         slots = admitted.slots
         if slots is None:  # the common batch: no dedup ids, store every draft
-            out = [store(topics[d.topic], d, None, now, prefix).code for d in drafts]
+            out = [store(topics[d.topic], d, d.headers, now, prefix).code for d in drafts]
         else:
             out = []
             dedup = self.admission.dedup
             for d, slot in zip(drafts, slots, strict=True):
                 if slot is None:
-                    code = store(topics[d.topic], d, None, now, prefix).code
+                    code = store(topics[d.topic], d, d.headers, now, prefix).code
                     if d.dedup_id:
                         dedup.add(d.topic, d.dedup_id, code, now)
                 else:

@@ -55,6 +55,7 @@ class Draft:
     ttl_s: float = 0.0  # 0 = the topic's default
     producer_id: str = ""
     dedup_id: str = ""
+    headers: dict[str, str] | None = None  # the producer's, delivered with the message
 
 
 class Status(enum.Enum):

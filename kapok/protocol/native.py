@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CLIENT_OPS",
     "MAX_DELAY_S",
+    "MAX_HEADERS",
     "SERVER_OPS",
     "ClientOp",
     "ServerOp",
@@ -179,7 +180,30 @@ def draft_from_json(
         ttl_s=get_number(obj, "ttl_s", 0.0, lo=0.0, hi=MAX_DELAY_S),
         producer_id=producer_id,
         dedup_id=get_str(obj, "dedup_id", ""),
+        headers=get_headers(obj),
     )
+
+
+MAX_HEADERS = 32
+MAX_HEADER_NAME = 128
+MAX_HEADER_VALUE = 4096
+
+
+def get_headers(obj: dict[str, Any]) -> dict[str, str] | None:
+    """A message's ``headers``: at most ``MAX_HEADERS`` string names and values."""
+    headers = obj.get("headers")
+    if headers is None or headers == {}:
+        return None
+    if not isinstance(headers, dict) or len(headers) > MAX_HEADERS:
+        raise BadRequestError(f"field 'headers' must be an object of at most {MAX_HEADERS} entries")
+    for name, value in headers.items():
+        good_value = isinstance(value, str) and len(value) <= MAX_HEADER_VALUE
+        if not 0 < len(name) <= MAX_HEADER_NAME or not good_value:
+            raise BadRequestError(
+                f"each header is a name of 1 to {MAX_HEADER_NAME} characters with a string value of at "
+                f"most {MAX_HEADER_VALUE}; {name[:40]!r} is not"
+            )
+    return headers
 
 
 def message_json(msg: Message, entry: Entry | None = None) -> dict[str, Any]:

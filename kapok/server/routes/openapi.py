@@ -19,6 +19,7 @@ from aiohttp import web
 
 from kapok import __version__
 from kapok.config import Config
+from kapok.protocol.native import MAX_HEADERS
 from kapok.server.keys import CONFIG
 from kapok.server.routes.responses import json_response
 
@@ -136,6 +137,11 @@ def document(config: Config) -> dict[str, Any]:
             "deliver_at": {"type": "number", "minimum": 0},
             "ttl_s": {"type": "number", "minimum": 0},
             "dedup_id": {"type": "string", "maxLength": 255},
+            "headers": {
+                "type": "object",
+                "maxProperties": MAX_HEADERS,
+                "additionalProperties": {"type": "string", "maxLength": 4096},
+            },
         },
     }
     publish_body = {
