@@ -81,4 +81,4 @@ class LibraryProducer:
         self._done(before)
 
     async def close(self) -> None:
-        await self.producer.close(timeout_s=5.0)
+        await self.producer.drain(timeout_s=5.0)
