@@ -56,7 +56,7 @@ import secrets
 import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal, Unpack
+from typing import Any, Literal, Self, Unpack
 
 from kapok.client.balance import make_balancer
 from kapok.client.base import ClientBase, ClientOptions
@@ -85,7 +85,6 @@ log = logging.getLogger("kapok.client")
 
 Balance = Literal["random", "p2c", "key"]
 
-_NOT_SENDING = frozenset({Status.NEW, Status.CLOSED})
 _CLOSE_WAIT_S = 1.0  # close() waits this long for connections to close politely
 _SERIAL_S = 1.0  # after a rate-limit refusal, a lane sends one batch at a time this long
 _CLOSED = "the producer was closed before a node confirmed the message"
@@ -154,7 +153,8 @@ class Producer(ClientBase):
         self._room = asyncio.Event()
         self._drained = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._closing = False  # drain() or close() began: send() refuses
+        self._accepting = False  # started, and neither drain() nor close() began: send() takes messages
+        self._closing = False  # drain() or close() began
         self._stopped = False  # close() began: nothing more is written
 
     # ------------------------------------------------------------ public API
@@ -196,18 +196,26 @@ class Producer(ClientBase):
         holds ``max_pending`` unconfirmed messages (backpressure)."""
         # This is the per-message hot path (the bench's client workload measures it): the
         # common case, the producer's topic and no options, does as little as it can.
-        if self._closing or self.status in _NOT_SENDING:
+        if not self._accepting:
             self._check_open()
             raise ClientClosedError("the producer is closing")
-        topic = topic or self.topic
-        if not topic:
-            raise ValueError("no topic: pass topic= to send() or to the Producer")
         # The producer's own topic goes once per frame; only other topics ride on the message
-        # (a message of just {"data"} is also the node's cheapest to read).
-        msg: dict[str, Any] = {} if topic == self.topic else {"topic": topic}
-        if isinstance(data, str):
+        # (a message of just {"data", "dedup_id"} is also the node's cheapest to read).
+        msg: dict[str, Any]
+        if topic is None or topic == self.topic:
+            if self.topic is None:
+                raise ValueError("no topic: pass topic= to send() or to the Producer")
+            msg = {}
+        elif topic:
+            msg = {"topic": topic}
+        else:
+            raise ValueError("the topic must not be empty")
+        if type(data) is str:
             msg["data"] = data
             size = len(data) if data.isascii() else len(data.encode())
+        elif isinstance(data, str):
+            msg["data"] = str(data)
+            size = len(msg["data"].encode())
         else:
             size = len(data)
             try:
@@ -231,7 +239,7 @@ class Producer(ClientBase):
         ):
             self._room.clear()
             await self._room.wait()
-            if self.status is Status.CLOSED or self._closing:
+            if not self._accepting:
                 raise ClientClosedError("the producer was closed")
         future: asyncio.Future[str] = self._loop.create_future()
         if not self._pending:
@@ -259,7 +267,7 @@ class Producer(ClientBase):
         then close: what is unconfirmed by then fails with ``ClientClosedError``."""
         if self.status is Status.CLOSED:
             return
-        self._closing = True
+        self._closing, self._accepting = True, False
         try:
             if self.status is not Status.NEW:
                 with contextlib.suppress(TimeoutError):
@@ -274,6 +282,7 @@ class Producer(ClientBase):
         if self.status is Status.CLOSED:
             return
         self._closing = self._stopped = True
+        self._accepting = False
         for task in list(self._tasks):
             task.cancel()  # a batch in flight fails with ClientClosedError as its task ends
         waits = [cancel_and_wait(lane.connecting) for lane in self._lanes.values() if lane.connecting]
@@ -288,6 +297,11 @@ class Producer(ClientBase):
                 self._fail(lane.take(batch), closed)
         await self._stop_upkeep()
         self._room.set()
+
+    async def start(self) -> Self:
+        await super().start()
+        self._accepting = not self._closing and self.status is not Status.CLOSED
+        return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
