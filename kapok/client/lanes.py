@@ -12,10 +12,14 @@ measures itself for ``balance="p2c"``:
              with time (``LATENCY_DECAY_S``) rather than per sample, so a lane's figure
              means the same at 10 and at 10,000 batches a second.
 
-The cost of a lane is ``latency × (load + 1)`` (the measure of Finagle's and gRPC's
-power-of-two-choices balancers): a node that answers slowly, or holds more of this
-producer's work, gets less of it. Gossip's load figure is not used: it is seconds old and
-counts connections, which every client opens to every master alike.
+The cost of a lane is ``slowness × (load + 1)``, after the measure of Finagle's and gRPC's
+power-of-two-choices balancers: a node that answers slowly, or holds more of this
+producer's work, gets less of it. ``slowness`` is the lane's latency over the fastest
+lane's, less a tolerance (``LATENCY_TOLERANCE``), and at least 1: answer times within twice
+the fastest count as equal, since nodes that are alike wander that much on a busy machine
+without meaning anything (and a balancer that chased it would skew an even load), while a
+node ten times slower gets about a ninth of the share. Gossip's load figure is not used: it
+is seconds old and counts connections, which every client opens to every master alike.
 """
 
 from __future__ import annotations
@@ -31,9 +35,10 @@ from typing import Any
 from kapok.client.session import NodeSession
 from kapok.client.view import Member
 
-__all__ = ["LATENCY_DECAY_S", "Batch", "Lane", "costs"]
+__all__ = ["LATENCY_DECAY_S", "LATENCY_TOLERANCE", "Batch", "Lane", "costs"]
 
 LATENCY_DECAY_S = 1.0
+LATENCY_TOLERANCE = 2.0
 
 
 @dataclasses.dataclass(slots=True)
@@ -111,8 +116,11 @@ class Lane:
 
 
 def costs(lanes: Iterable[Lane]) -> dict[str, float]:
-    """Each lane's p2c cost; a lane not measured yet counts the mean of those that are."""
+    """Each lane's p2c cost; a lane not measured yet counts as the fastest."""
     lanes = list(lanes)
-    measured = [lane.latency for lane in lanes if lane.latency]
-    default = sum(measured) / len(measured) if measured else 1.0
-    return {lane.pair: (lane.latency or default) * (lane.load + 1) for lane in lanes}
+    fastest = min((lane.latency for lane in lanes if lane.latency), default=0.0)
+    out = {}
+    for lane in lanes:
+        slowness = lane.latency / fastest - (LATENCY_TOLERANCE - 1.0) if lane.latency else 1.0
+        out[lane.pair] = max(1.0, slowness) * (lane.load + 1)
+    return out

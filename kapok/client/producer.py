@@ -85,7 +85,7 @@ log = logging.getLogger("kapok.client")
 
 Balance = Literal["random", "p2c", "key"]
 
-_CLOSE_WAIT_S = 1.0  # close() waits this long for connections to close politely
+_CLOSE_WAIT_S = 0.25  # close() waits this long for connections to close politely, then cuts them
 _SERIAL_S = 1.0  # after a rate-limit refusal, a lane sends one batch at a time this long
 _CLOSED = "the producer was closed before a node confirmed the message"
 
