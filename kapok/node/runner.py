@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import dataclasses
+import errno
 import gc
 import logging
 import os
@@ -74,17 +75,48 @@ def _bind(host: str, port: int) -> socket.socket:
     """The listening socket, bound but not yet listening: with port 0 the node learns its
     real port before anything uses its name (``host:port``), so every node of a test
     cluster started on port 0 has a name of its own."""
-    family, kind, proto, _, addr = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    sock = socket.socket(family, kind, proto)
+    where = f"cannot listen on {host}:{port} (server.host, server.port)"
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise _bind_error(exc, where) from exc
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(addr)
+    except OSError as exc:
+        sock.close()
+        raise _bind_error(exc, where) from exc
     except BaseException:
         sock.close()
         raise
     return sock
+
+
+async def _set_up(runner: web.AppRunner, config: Config) -> None:
+    """Start the app's parts; gossip binds its port here (``cluster.bind``)."""
+    try:
+        await runner.setup()
+    except OSError as exc:
+        if config.cluster.enabled and _errno(exc) in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+            raise _bind_error(exc, f"cannot bind gossip to {config.cluster.bind} (cluster.bind)") from exc
+        raise
+
+
+def _errno(exc: OSError) -> int | None:
+    """The error number, also of uvloop's bind errors, which carry it only in their cause."""
+    cause = exc.__cause__
+    return exc.errno if exc.errno is not None or not isinstance(cause, OSError) else cause.errno
+
+
+def _bind_error(exc: OSError, what: str) -> OSError:
+    """``exc`` as one line that names the address (``what``): a bind error of uvloop's says
+    "Address already in use" and nothing else, or the address and not why."""
+    number = _errno(exc)
+    reason = os.strerror(number) if number is not None and number > 0 else exc.strerror or str(exc)
+    return OSError(f"{what}: {reason}")
 
 
 async def _serve(config: Config, seams: Seams | None = None) -> None:
@@ -99,7 +131,7 @@ async def _serve(config: Config, seams: Seams | None = None) -> None:
     ssl_context = tls_context(config)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
     try:
-        await runner.setup()
+        await _set_up(runner, config)
         # Connections are counted and timed from accept (kapok.server.guard.connections).
         site = GuardedSite(runner, sock, app[GUARD], backlog=1024, ssl_context=ssl_context)
         await site.start()
