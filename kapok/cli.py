@@ -4,13 +4,15 @@ Each subcommand is a ``_cmd_<name>(args) -> int`` function registered in
 ``_build_parser``; heavy modules are imported inside it so that ``kapok version`` and
 ``--help`` stay instant. Errors never show a traceback: ``main`` turns them into one
 line ``kapok: error: <message>`` on stderr and exit code 2 (usage or configuration)
-or 1 (anything else the broker reports, such as a port already in use).
+or 1 (anything else the broker reports, such as a port already in use); Ctrl-C exits
+with 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -123,7 +125,10 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     promote.set_defaults(func=_cmd_replication, action="promote")
 
-    secret_note = " The secret key: --secret, else $KAPOK_SECRET, else 'test'."
+    secret_note = (
+        " The secret key: --secret, else $KAPOK_SECRET, else 'test'. Ctrl-C stops it with one line of"
+        " counts on stderr and exit code 130."
+    )
     for name, summary, about, add_options in (
         (
             "produce",
@@ -177,10 +182,11 @@ def _common_options(command: argparse.ArgumentParser) -> None:
         "--seed",
         action="append",
         required=True,
+        type=_seed_url,
         metavar="URL",
         help="a node's HTTP URL, e.g. http://127.0.0.1:8011 (repeatable; any member will do)",
     )
-    add("--topic", required=True, help="the topic")
+    add("--topic", required=True, type=_name("topic"), help="the topic")
     add("--secret", default=None, help="the nodes' mq.secret_key (default: $KAPOK_SECRET, else 'test')")
     add(
         "--protocol",
@@ -188,13 +194,26 @@ def _common_options(command: argparse.ArgumentParser) -> None:
         default="native",
         help="native (default) or kapokmq (KapokMQ's routes, for KapokMQ-compatible servers)",
     )
+    add(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a live count and rate on stderr (default: when stderr is a terminal and the messages' "
+        "stdin/stdout is not)",
+    )
 
 
 def add_produce_options(command: argparse.ArgumentParser) -> None:
     _common_options(command)
     add = command.add_argument
-    add("--key", default="", help="routing key of every message")
-    add("--delay", type=float, default=0.0, metavar="S", help="deliver each message S seconds later")
+    add("--key", default="", type=_text("--key"), help="routing key of every message")
+    add(
+        "--delay",
+        type=_delay,
+        default=0.0,
+        metavar="S",
+        help="deliver each message S seconds later",
+    )
     add(
         "--balance",
         choices=("random", "p2c", "key"),
@@ -203,7 +222,7 @@ def add_produce_options(command: argparse.ArgumentParser) -> None:
     )
     add(
         "--timeout",
-        type=float,
+        type=_positive_seconds,
         default=30.0,
         metavar="S",
         help="a message not confirmed within S seconds fails (default 30)",
@@ -213,11 +232,115 @@ def add_produce_options(command: argparse.ArgumentParser) -> None:
 def add_consume_options(command: argparse.ArgumentParser) -> None:
     _common_options(command)
     add = command.add_argument
-    add("--group", default=None, help="consumer group (default: the topic's default)")
-    add("--key", default=None, metavar="PATTERN", help="routing-key pattern, e.g. 'orders.*'")
-    add("--count", type=int, default=None, metavar="N", help="stop after N messages")
-    add("--timeout", type=float, default=None, metavar="S", help="stop after S seconds without a message")
-    add("--prefetch", type=int, default=None, help="unacked messages per node (default: the node's)")
+    add("--group", default=None, type=_name("group"), help="consumer group (default: the topic's default)")
+    add(
+        "--key",
+        default=None,
+        type=_text("--key"),
+        metavar="PATTERN",
+        help="routing-key pattern, e.g. 'orders.*'",
+    )
+    add("--count", type=_integer(1), default=None, metavar="N", help="stop after N messages")
+    add(
+        "--timeout",
+        type=_positive_seconds,
+        default=None,
+        metavar="S",
+        help="stop after S seconds without a message",
+    )
+    add(
+        "--prefetch",
+        type=_integer(1, MAX_PREFETCH),
+        default=None,
+        help="unacked messages per node (default: the node's)",
+    )
+
+
+# The option checks of produce and consume: a bad value is a usage error (one line, exit 2)
+# before anything is sent, not a traceback or a refusal of every message by the nodes.
+MAX_TEXT_CHARS = 255  # a routing key or key pattern (kapok.protocol.fields, kapok.core.routing)
+MAX_PREFETCH = 1_000_000  # kapok.core.broker
+
+
+def _seed_url(text: str) -> str:
+    from urllib.parse import urlsplit
+
+    url = text.strip().rstrip("/")
+    try:
+        parts = urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a port that is not a number, or out of range
+        ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError(
+            f"expected an http(s) URL such as http://127.0.0.1:8011, got {text!r}"
+        )
+    return url
+
+
+def _name(kind: str) -> Callable[[str], str]:
+    """A topic or group name as the nodes accept it (their own check)."""
+
+    def check(text: str) -> str:
+        from kapok.core.broker import check_name
+
+        try:
+            return check_name(kind, text)
+        except KapokError as exc:
+            raise argparse.ArgumentTypeError(exc.message) from None
+
+    return check
+
+
+def _text(option: str) -> Callable[[str], str]:
+    def check(text: str) -> str:
+        if len(text) > MAX_TEXT_CHARS:
+            raise argparse.ArgumentTypeError(f"{option} is at most {MAX_TEXT_CHARS} characters")
+        return text
+
+    return check
+
+
+def _delay(text: str) -> float:
+    from kapok.protocol.native import MAX_DELAY_S
+
+    return _finite_seconds(
+        lambda s: 0 <= s <= MAX_DELAY_S, f"a number of seconds between 0 and {MAX_DELAY_S:.0f}"
+    )(text)
+
+
+def _integer(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    expected = f"an integer >= {lo}" if hi is None else f"an integer between {lo} and {hi}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if value < lo or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _positive_seconds(text: str) -> float:
+    return _finite_seconds(lambda s: s > 0, "a number of seconds > 0")(text)
+
+
+def _finite_seconds(ok: Callable[[float], bool], expected: str) -> Callable[[str], float]:
+    """A finite number (no nan, no inf) for which ``ok`` holds."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
 
 
 def _cmd_client(name: str) -> Callable[[argparse.Namespace], int]:

@@ -16,7 +16,7 @@ import yaml
 
 import kapok
 import kapok.logs
-from kapok.cli import main
+from kapok.cli import _build_parser, main
 from kapok.cluster.show import nodes_table
 from kapok.config import Config
 from kapok.errors import BrokerError
@@ -273,3 +273,88 @@ def test_a_log_file_that_cannot_be_written_is_one_line_exit_2(tmp_path: Path) ->
     (tmp_path / "taken").write_text("a file, not a folder")
     result = run_kapok("serve", "--set", "log.file=taken/kapok.log", "--set", "server.port=0", cwd=tmp_path)
     assert_one_line_error(result, 2, "log.file: cannot write 'taken/kapok.log'")
+
+
+# --- kapok produce / consume: bad input -------------------------------------------------
+
+
+def test_a_seed_without_scheme_is_one_line_exit_2(tmp_path: Path) -> None:
+    result = run_kapok("produce", "--seed", "127.0.0.1:8011", "--topic", "t", cwd=tmp_path)
+    assert_one_line_error(result, 2, "argument --seed: expected an http(s) URL", "'127.0.0.1:8011'")
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "value"),
+    [
+        ("produce", "--seed", "127.0.0.1:8011"),
+        ("consume", "--seed", "ftp://127.0.0.1:8011"),
+        ("produce", "--seed", "http://127.0.0.1:99999"),
+        ("produce", "--topic", ""),
+        ("consume", "--topic", "a b"),
+        ("produce", "--timeout", "-1"),
+        ("produce", "--timeout", "0"),
+        ("produce", "--timeout", "nan"),
+        ("produce", "--delay", "-5"),
+        ("produce", "--delay", "inf"),
+        ("produce", "--key", "k" * 256),
+        ("consume", "--count", "0"),
+        ("consume", "--count", "abc"),
+        ("consume", "--timeout", "-1"),
+        ("consume", "--timeout", "inf"),
+        ("consume", "--prefetch", "0"),
+        ("consume", "--prefetch", "1000001"),
+        ("consume", "--group", ""),
+        ("consume", "--key", "k" * 256),
+    ],
+)
+def test_a_bad_client_option_is_one_line_exit_2(
+    command: str, option: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Nothing listens on the seed: what the argument check lets through fails with exit 1.
+    args = {"--seed": f"http://127.0.0.1:{_free_port()}", "--topic": "t", option: value}
+    assert main([command, *(item for pair in args.items() for item in pair)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kapok: error: argument {option}: ") and err.count("\n") == 1, err
+
+
+def test_client_options_are_checked_and_normalised() -> None:
+    parser = _build_parser()
+    seed, count, timeout = ["--seed", " http://127.0.0.1:8011/ "], ["--count", "3"], ["--timeout", "1.5"]
+    args = parser.parse_args(["consume", *seed, "--topic", "t", *count, *timeout, "--prefetch", "1000000"])
+    assert (args.seed, args.count, args.timeout, args.prefetch) == (
+        ["http://127.0.0.1:8011"],
+        3,
+        1.5,
+        1_000_000,
+    )
+    assert args.progress is None  # auto: decided by the terminals
+    args = parser.parse_args(["produce", "--seed", "https://[::1]:8011", "--topic", "t", "--no-progress"])
+    assert (args.seed, args.delay, args.timeout, args.progress) == (["https://[::1]:8011"], 0.0, 30.0, False)
+
+
+# --- kapok serve: a port in use ---------------------------------------------------------
+
+
+def test_http_port_in_use_names_the_address(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_kapok("serve", "--set", f"server.port={port}", "--set", "storage.dir=data", cwd=tmp_path)
+    assert_one_line_error(result, 1, f"127.0.0.1:{port}", "server.port", "Address already in use")
+
+
+def test_gossip_port_in_use_names_the_address(tmp_path: Path) -> None:
+    # The gossip port is one number for UDP and TCP: here its TCP side is taken.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        sets = ["server.port=0", "storage.dir=data", "cluster.enabled=true", f"cluster.bind=127.0.0.1:{port}"]
+        result = run_kapok("serve", *(item for s in sets for item in ("--set", s)), cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    last = result.stderr.splitlines()[-1]  # after the storage's log lines
+    assert (
+        last == f"kapok: error: cannot bind gossip to 127.0.0.1:{port} (cluster.bind): Address already in use"
+    )
