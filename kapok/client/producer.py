@@ -77,7 +77,7 @@ from kapok.errors import (
     TooManyConnectionsError,
     UnavailableError,
 )
-from kapok.tasks import cancel_and_wait, spawn
+from kapok.tasks import spawn
 
 __all__ = ["Balance", "Producer"]
 
@@ -285,9 +285,12 @@ class Producer(ClientBase):
         self._accepting = False
         for task in list(self._tasks):
             task.cancel()  # a batch in flight fails with ClientClosedError as its task ends
-        waits = [cancel_and_wait(lane.connecting) for lane in self._lanes.values() if lane.connecting]
-        waits += [lane.session.close() for lane in self._lanes.values() if lane.session is not None]
-        pending = [asyncio.ensure_future(w) for w in waits] + list(self._tasks)
+        connecting = [lane.connecting for lane in self._lanes.values() if lane.connecting is not None]
+        for task in connecting:
+            task.cancel()
+        closes = [lane.session.close() for lane in self._lanes.values() if lane.session is not None]
+        pending: list[asyncio.Future[Any]] = [asyncio.ensure_future(c) for c in closes]
+        pending += [*connecting, *self._tasks]
         if pending:  # bounded: a node that does not answer a close must not hold the caller
             await asyncio.wait(pending, timeout=_CLOSE_WAIT_S)
         closed = ClientClosedError(_CLOSED)
@@ -370,6 +373,7 @@ class Producer(ClientBase):
             return session
         if lane.connecting is None or lane.connecting.done():
             lane.connecting = self._loop.create_task(self._open(lane))
+            lane.connecting.add_done_callback(_retrieve)  # its waiters may all have gone
         # Shielded: a batch that stops waiting (its deadline) must not cancel the attempt
         # that other batches of the lane wait for too.
         return await asyncio.shield(lane.connecting)
@@ -631,3 +635,9 @@ class Producer(ClientBase):
         if self._candidates and self._parking.queue:
             for batch in list(self._parking.queue):
                 self._elsewhere(self._parking.take(batch))
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Read a finished task's outcome, so that asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()

@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 from tests.integration.conftest import Start
 
 from kapok.client import Producer
@@ -109,12 +108,6 @@ async def test_a_wrong_key_is_one_line_exit_1(start: Start, tmp_path: Path) -> N
     assert node.broker.stats.published == 0
 
 
-@pytest.mark.xfail(
-    reason="Producer.close() leaves the exception of a failed connection attempt unretrieved "
-    "(cancel_and_wait(lane.connecting) in a task nobody awaits): asyncio logs 'Task exception "
-    "was never retrieved' and a traceback on stderr",
-    raises=AssertionError,
-)
 async def test_a_key_refused_at_the_first_publish_is_one_line_exit_1(start: Start, tmp_path: Path) -> None:
     node = await node_with(start, "t", 0)
     # Native mode finds the cluster without the key: the first publish is refused, and the
