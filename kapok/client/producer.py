@@ -286,8 +286,8 @@ class Producer(ClientBase):
         for task in list(self._tasks):
             task.cancel()  # a batch in flight fails with ClientClosedError as its task ends
         connecting = [lane.connecting for lane in self._lanes.values() if lane.connecting is not None]
-        for task in connecting:
-            task.cancel()
+        for attempt in connecting:
+            attempt.cancel()
         closes = [lane.session.close() for lane in self._lanes.values() if lane.session is not None]
         pending: list[asyncio.Future[Any]] = [asyncio.ensure_future(c) for c in closes]
         pending += [*connecting, *self._tasks]
