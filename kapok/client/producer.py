@@ -70,6 +70,7 @@ from kapok.errors import (
     ConnectionLostError,
     KapokError,
     MessageTooLargeError,
+    ProtocolError,
     PublishTimeoutError,
     QueueFullError,
     RateLimitedError,
@@ -141,7 +142,8 @@ class Producer(ClientBase):
         self._key_mode = balance == "key"
         self._p2c = balance == "p2c"
         self._uniform = balance == "random"
-        self._choice = self._rng.choice
+        self._random = self._rng.random
+        self._plain = topic is not None and self.protocol == "native"  # send()'s fast path applies
         self._lanes: dict[str, Lane] = {}
         self._parking = Lane("", None)  # batches with no pair to go to, yet
         self._candidates: list[str] = []
@@ -195,45 +197,26 @@ class Producer(ClientBase):
         """Queue one message; returns a future of its code. Waits only while the producer
         holds ``max_pending`` unconfirmed messages (backpressure)."""
         # This is the per-message hot path (the bench's client workload measures it): the
-        # common case, the producer's topic and no options, does as little as it can.
+        # common case, text for the producer's own topic and no options, does as little as it
+        # can. The producer's topic goes once per frame, not per message (a message of just
+        # {"data", "dedup_id"} is also the node's cheapest to read).
         if not self._accepting:
             self._check_open()
             raise ClientClosedError("the producer is closing")
-        # The producer's own topic goes once per frame; only other topics ride on the message
-        # (a message of just {"data", "dedup_id"} is also the node's cheapest to read).
-        msg: dict[str, Any]
-        if topic is None or topic == self.topic:
-            if self.topic is None:
-                raise ValueError("no topic: pass topic= to send() or to the Producer")
-            msg = {}
-        elif topic:
-            msg = {"topic": topic}
-        else:
-            raise ValueError("the topic must not be empty")
-        if type(data) is str:
-            msg["data"] = data
+        if (
+            self._plain and topic is None and type(data) is str
+            and not (key or priority or delay_s or deliver_at or ttl_s or headers or dedup_id)
+        ):  # fmt: skip
             size = len(data) if data.isascii() else len(data.encode())
-        elif isinstance(data, str):
-            msg["data"] = str(data)
-            size = len(msg["data"].encode())
+            if size > self.max_message_bytes:
+                raise self._too_large(size)
+            if self.dedup:
+                msg = {"data": data, "dedup_id": f"{self._dedup_prefix}{next(self._dedup_seq)}"}
+            else:
+                msg = {"data": data}
         else:
-            size = len(data)
-            try:
-                msg["data"] = data.decode()
-            except UnicodeDecodeError:
-                msg["data"] = base64.b64encode(data).decode()
-                msg["enc"] = "base64"
-        if size > self.max_message_bytes:
-            limit = self.max_message_bytes
-            raise MessageTooLargeError(f"message of {size} bytes is over max_message_bytes ({limit})")
-        if key or priority or delay_s or deliver_at or ttl_s or headers:
-            options = {"key": key, "priority": priority, "delay_s": delay_s, "deliver_at": deliver_at,
-                       "ttl_s": ttl_s, "headers": dict(headers) if headers else None}  # fmt: skip
-            msg.update((name, value) for name, value in options.items() if value)
-        if dedup_id or self.dedup:
-            msg["dedup_id"] = dedup_id or f"{self._dedup_prefix}{next(self._dedup_seq)}"
-        if self.protocol == "kapokmq":
-            compat_frame(msg)  # what KapokMQ cannot carry fails here, not in a batch
+            options = (key, priority, delay_s, deliver_at, ttl_s, dedup_id, headers)
+            msg, size = self._message(data, topic, *options)
         while self._pending >= self.max_pending or (
             self._pending and self._pending_bytes + size > self.max_pending_bytes
         ):
@@ -249,11 +232,52 @@ class Producer(ClientBase):
         self.stats.sent += 1
         pairs = self._candidates
         if self._uniform and len(pairs) > 1:
-            lane = self._lanes[self._choice(pairs)]
+            lane = self._lanes[pairs[int(self._random() * len(pairs))]]
         else:
             lane = self._route(key)
         self._add(lane, msg, future, size)
         return future
+
+    def _message(
+        self, data: bytes | str, topic: str | None, key: str, priority: int, delay_s: float,
+        deliver_at: float, ttl_s: float, dedup_id: str | None, headers: Mapping[str, str] | None,
+    ) -> tuple[dict[str, Any], int]:  # fmt: skip
+        """A message object for the wire, and its payload's size in bytes."""
+        msg: dict[str, Any]
+        if topic is None or topic == self.topic:
+            if self.topic is None:
+                raise ValueError("no topic: pass topic= to send() or to the Producer")
+            msg = {}
+        elif topic:
+            msg = {"topic": topic}
+        else:
+            raise ValueError("the topic must not be empty")
+        if isinstance(data, str):
+            text = str(data)
+            msg["data"] = text
+            size = len(text) if text.isascii() else len(text.encode())
+        else:
+            size = len(data)
+            try:
+                msg["data"] = data.decode()
+            except UnicodeDecodeError:
+                msg["data"] = base64.b64encode(data).decode()
+                msg["enc"] = "base64"
+        if size > self.max_message_bytes:
+            raise self._too_large(size)
+        if key or priority or delay_s or deliver_at or ttl_s or headers:
+            options = {"key": key, "priority": priority, "delay_s": delay_s, "deliver_at": deliver_at,
+                       "ttl_s": ttl_s, "headers": dict(headers) if headers else None}  # fmt: skip
+            msg.update((name, value) for name, value in options.items() if value)
+        if dedup_id or self.dedup:
+            msg["dedup_id"] = dedup_id or f"{self._dedup_prefix}{next(self._dedup_seq)}"
+        if self.protocol == "kapokmq":
+            compat_frame(msg)  # what KapokMQ cannot carry fails here, not in a batch
+        return msg, size
+
+    def _too_large(self, size: int) -> MessageTooLargeError:
+        limit = self.max_message_bytes
+        return MessageTooLargeError(f"message of {size} bytes is over max_message_bytes ({limit})")
 
     async def flush(self) -> None:
         """Send what is batched now and wait until every message is confirmed or failed."""
@@ -402,6 +426,9 @@ class Producer(ClientBase):
                     node.retried += count
                 started = time.monotonic()
                 results = await session.publish(batch.msgs, self.topic)
+                if len(results) != count:
+                    answered = f"{session.member.name} answered {len(results)} codes"
+                    raise ProtocolError(f"{answered} for a batch of {count} messages")
         except TimeoutError:
             silent = ConnectionLostError(f"{lane.name} did not answer in time")
             self._lane_failed(lane, gen, silent)
