@@ -110,15 +110,17 @@ class Admission:
         """Fill ``slots`` for the drafts that are duplicates; returns the fresh drafts per topic."""
         per_topic: dict[str, int] = {}
         seen: dict[tuple[str, str], int] = {}
+        known_code = self.dedup.known(now)
         for i, d in enumerate(drafts):
             if d.dedup_id:
-                known: str | int | None = self.dedup.get(d.topic, d.dedup_id, now)
+                key = (d.topic, d.dedup_id)
+                known: str | int | None = known_code(key)
                 if known is None:
-                    known = seen.get((d.topic, d.dedup_id))
+                    known = seen.get(key)
                 if known is not None:
                     slots[i] = known
                     continue
-                seen[(d.topic, d.dedup_id)] = i
+                seen[key] = i
             per_topic[d.topic] = per_topic.get(d.topic, 0) + 1
         return per_topic
 

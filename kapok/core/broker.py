@@ -207,16 +207,17 @@ class Broker:
             out = [store(topics[d.topic], d, d.headers, now, prefix).code for d in drafts]
         else:
             out = []
-            dedup = self.admission.dedup
+            remembered = []
             for d, slot in zip(drafts, slots, strict=True):
                 if slot is None:
                     code = store(topics[d.topic], d, d.headers, now, prefix).code
                     if d.dedup_id:
-                        dedup.add(d.topic, d.dedup_id, code, now)
+                        remembered.append(((d.topic, d.dedup_id), code))
                 else:
                     self.stats.duplicates += 1
                     code = out[slot] if isinstance(slot, int) else slot
                 out.append(code)
+            self.admission.dedup.add_many(remembered, now)
         for name, count in admitted.per_topic.items():
             topic = topics[name]
             topic.published += count

@@ -7,6 +7,7 @@ grow the broker's memory without limit.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Callable
 
 __all__ = ["DedupWindow", "RateLimiter", "TokenBucket"]
 
@@ -81,6 +82,22 @@ class DedupWindow:
     def get(self, topic: str, dedup_id: str, now: float) -> str | None:
         self.expire(now)
         return self._codes.get((topic, dedup_id))
+
+    def known(self, now: float) -> Callable[[tuple[str, str]], str | None]:
+        """Expire, then a lookup of ``(topic, dedup_id)`` keys for the rest of one batch."""
+        self.expire(now)
+        return self._codes.get
+
+    def add_many(self, entries: list[tuple[tuple[str, str], str]], now: float) -> None:
+        """``add`` for a batch's ``((topic, dedup_id), code)`` pairs."""
+        codes, order = self._codes, self._order
+        for key, code in entries:
+            if key not in codes:
+                order.append((now, key))
+            codes[key] = code
+        while len(codes) > self.max_entries:
+            _, old = order.popleft()
+            codes.pop(old, None)
 
     def add(self, topic: str, dedup_id: str, code: str, now: float) -> None:
         key = (topic, dedup_id)
