@@ -1,143 +1,131 @@
-"""``Consumer``: one subscription on every active pair, one bounded buffer, one iterator.
+"""``Consumer``: one subscription on every active pair, one bounded buffer, two ways out.
 
-Each pair of the view gets a *feed*: a task that connects to the pair's active member,
-subscribes, and waits for the connection to end, then reconnects with backoff (full
-jitter). When the view says another member now serves the pair (a slave took over), the
-feed drops its connection and subscribes there. A feed of a pair that left the view stops.
+**Feeds.** Each pair of the view gets a *feed*: a task that connects to the pair's active
+member, subscribes, holds the subscription until the connection ends, and tries again after
+a backoff delay (full jitter). When the view says another member now serves the pair (a
+slave took over), the feed drops its connection and subscribes there at once. A feed of a
+pair that left the view stops.
 
-Pushes go into one buffer that the iterator drains. The broker never has more than
-``prefetch`` unacked messages out per subscription, so in manual-ack mode the buffer holds
-at most ``prefetch`` × pairs; ``max_buffered`` / ``max_buffered_bytes`` bound it anyway
-(auto-ack subscriptions have no such limit on the node's side). What does not fit is
-nacked back to the broker (manual mode: requeued, nothing lost, but the attempt counts
-toward ``max_deliveries``) or dropped (auto mode: at-most-once), counted in
-``stats.dropped``, and reported as a ``SlowConsumerError``: to ``on_error`` if given,
-otherwise raised once by the next ``get`` / iteration step.
+**Failures are not silent.** Every attempt of a feed that ends — it could not connect, the
+node refused the subscription, the connection closed or sent a frame that cannot be read,
+before or after the subscription was confirmed — becomes one error that names the node and
+the reason (``ConnectionLostError``, or the node's own class, such as ``NotActiveError``),
+and goes to ``on_error``: one report per attempt, and attempts back off, so a dead node
+costs at most one report per ``backoff_cap_s``. A subscription that ends before it was held
+for ``connect_timeout_s`` counts as a failed attempt, so the backoff keeps growing against a
+node that accepts and then drops every connection; one held longer starts afresh.
 
-When a connection breaks, the messages it delivered that are still in the buffer are
-discarded: the node requeues them at once and delivers them again, so handing them out
-would only produce duplicates whose acks cannot be sent. A message already handed out
-raises ``ConnectionLostError`` on ``ack`` for the same reason.
+``start()`` waits until every feed has made its first attempt and one holds a subscription,
+at most ``connect_timeout_s``. If none has subscribed by then, it closes what it opened and
+raises ``ConnectionLostError`` with each node's last failure (a ``ClientError``, as the
+failure is seen from this side; the node's own errors are chained and were reported). An
+error no retry can mend (``AuthError``, ``BadRequestError``, ``SubscriptionError``,
+``UnsupportedError``) stops its feed and is raised by ``start()`` as itself.
+
+Without ``on_error``, ``get()`` raises a failure instead — but only when nothing can be
+delivered: no feed holds a subscription and each has been failing for ``connect_timeout_s``
+or more. Then each further failed attempt is raised once by the next ``get()``; a feed that
+reconnects while others deliver, or a node back within ``connect_timeout_s``, is not raised.
+
+**The buffer.** Pushes go into one buffer. The broker never has more than ``prefetch``
+unacked messages out per subscription, so in manual-ack mode the buffer holds at most
+``prefetch`` × pairs; ``max_buffered`` / ``max_buffered_bytes`` bound it anyway (auto-ack
+subscriptions have no such limit on the node's side). What does not fit is nacked back to
+the broker (manual mode: requeued, nothing lost, but the attempt counts toward
+``max_deliveries``) or dropped (auto mode: at-most-once), counted in ``stats.dropped``, and
+reported as a ``SlowConsumerError``: to ``on_error`` if given, else raised by the next
+``get``. When a connection breaks, its messages still in the buffer are discarded: the node
+requeues them at once and delivers them again, so handing them out would only produce
+duplicates whose acks cannot be sent (a message already handed out raises
+``ConnectionLostError`` on ``ack`` for the same reason).
+
+**Two ways out.** ``get()`` / ``async for`` take one message at a time. Or
+``subscribe(callback)`` hands every message to ``callback`` (``async def`` or plain), in
+order, ``concurrency`` at a time (1 by default: strictly one after another), with
+``Message.process()`` around each call: acked when it returns, nacked with requeue when it
+raises (and the failure reported as a ``ClientError`` to ``on_error``, or logged). A
+consumer with a callback has no ``get()``; ``close()`` ends both.
+
+**Close.** ``close()`` stops the callbacks (a message being handled is nacked back), the
+feeds and the upkeep, and returns: nothing is flushed or awaited but each connection's own
+close, which is bounded (``native.CLOSE_TIMEOUT_S``; ``SESSION_CLOSE_S`` backs it up), so a
+node that stopped answering cannot hold it. It runs in a task of its own: a cancel of the
+caller (say, of a task inside ``async with Consumer(...)``) does not cut it short.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import collections
+import contextlib
 import functools
+import inspect
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Self, Unpack
 
 from kapok.client.base import ClientBase, ClientOptions
-from kapok.client.session import NodeSession, SubSpec
+from kapok.client.message import Message
+from kapok.client.session import AckMode, NodeSession, SubSpec
 from kapok.client.stats import Status
 from kapok.client.view import Member
 from kapok.errors import (
     AuthError,
     BadRequestError,
     ClientClosedError,
+    ClientError,
     ConnectionLostError,
     KapokError,
     SlowConsumerError,
     SubscriptionError,
-    UnknownCodeError,
     UnsupportedError,
 )
-from kapok.protocol.native import Settle
 from kapok.tasks import cancel_and_wait, spawn
 
-__all__ = ["Consumer", "Message"]
+__all__ = ["Consumer", "Message", "MessageHandler"]
 
 log = logging.getLogger("kapok.client")
 
 _FATAL = (AuthError, BadRequestError, SubscriptionError, UnsupportedError)  # retrying cannot help
+SESSION_CLOSE_S = 1.0  # the most a close waits for one connection (each bounds itself below this)
 
-
-class Message:
-    """A delivered message. ``ack`` / ``nack`` / ``touch`` go back on the connection that
-    delivered it; ``node`` names the member it came from."""
-
-    __slots__ = (
-        "_consumer", "_session", "_settled", "_sub", "attempts", "code", "create_time", "data",
-        "headers", "key", "node", "priority", "redelivered", "topic",
-    )  # fmt: skip
-
-    def __init__(self, obj: dict[str, Any], consumer: Consumer, session: NodeSession, sub: int) -> None:
-        data = obj.get("data", "")
-        self.code: str = obj["code"]
-        self.topic: str = obj.get("topic", "")
-        self.data: bytes = base64.b64decode(data) if obj.get("enc") == "base64" else data.encode()
-        self.key: str = obj.get("key", "")
-        self.priority: int = obj.get("priority", 0)
-        self.create_time: float = obj.get("create_time", 0.0)
-        self.attempts: int = obj.get("attempts", 1)
-        self.redelivered: bool = obj.get("redelivered", False)
-        self.headers: dict[str, str] = obj.get("headers") or {}
-        self.node = session.member.name
-        self._consumer = consumer
-        self._session = session
-        self._sub = sub
-        self._settled = False
-
-    @property
-    def text(self) -> str:
-        return self.data.decode()
-
-    def __repr__(self) -> str:
-        return f"<Message {self.code} topic={self.topic!r} node={self.node!r} {len(self.data)} B>"
-
-    async def ack(self) -> None:
-        """Done with it (manual mode; a no-op on an auto-ack subscription)."""
-        if self._consumer.spec.ack == "auto":
-            return
-        self._settle("ack")
-        self._consumer.stats.acked += 1
-
-    async def nack(self, requeue: bool = True) -> None:
-        """Give it back: redelivered (``requeue=True``) or dead-lettered at once."""
-        self._settle("nack", requeue)
-        self._consumer.stats.nacked += 1
-
-    async def touch(self) -> None:
-        """Still working on it: extends its ack deadline."""
-        self._settle("touch")
-
-    def _settle(self, op: Settle, requeue: bool = True) -> None:
-        if self._consumer.spec.ack == "auto":
-            raise UnsupportedError(f"{op} on an auto-ack subscription: the message is settled already")
-        if op != "ack" and not self._session.supports_nack:
-            raise UnsupportedError(f"the {self._consumer.protocol} protocol has no {op}")
-        if self._settled:
-            raise UnknownCodeError(f"message {self.code} was acked or nacked already", [self.code])
-        if self._session.closed:
-            raise ConnectionLostError(
-                f"the connection to {self.node} that delivered {self.code} is gone; "
-                "the node delivers the message again",
-                False,
-            )
-        self._session.settle(op, self._sub, [self.code], requeue)
-        if op != "touch":
-            self._settled = True
+# What ``subscribe`` takes: ``async def handle(message) -> None``, or a plain function.
+MessageHandler = Callable[[Message], Awaitable[None] | None]
 
 
 class _Feed:
+    __slots__ = (
+        "error", "failing_since", "failures", "member", "pair", "session", "subscribed", "task", "tried",
+    )  # fmt: skip
+
     def __init__(self, pair: str, member: Member) -> None:
         self.pair = pair
         self.member = member
         self.session: NodeSession | None = None
         self.task: asyncio.Task[None] | None = None
-        self.first = asyncio.get_running_loop().create_future()  # first attempt done
+        self.subscribed = False  # ``session`` holds the subscription
+        self.tried = False  # the first attempt has subscribed or failed
+        self.failures = 0  # failed attempts in a row: the backoff's exponent
+        self.failing_since: float | None = None  # when this run of failures began
+        self.error: KapokError | None = None  # the last failure
+
+    @property
+    def live(self) -> bool:
+        return self.subscribed and self.session is not None and not self.session.closed
 
 
 class Consumer(ClientBase):
     """Consumes a topic from every active pair. Use as ``async with Consumer(seeds, topic=...)``
-    and ``async for message in consumer``; ``get(timeout_s)`` takes one message.
+    and ``async for message in consumer``; ``get(timeout_s)`` takes one message;
+    ``subscribe(callback)`` hands each to a callback instead.
 
-    Options beyond ``ClientBase``'s: ``group``, ``key`` (routing-key pattern), ``prefetch``,
-    ``ack`` (``"manual"`` | ``"auto"``), ``weight``, ``max_buffered``, ``max_buffered_bytes``,
-    ``on_error`` (called with each ``SlowConsumerError`` instead of raising it).
+    Options beyond ``ClientOptions``: ``group``, ``key`` (routing-key pattern), ``prefetch``
+    (None: the node's ``mq.prefetch``), ``ack`` (``"manual"``: ack each message; ``"auto"``:
+    the node settles it as it sends it, at-most-once), ``weight`` (a share of the group's
+    messages), ``max_buffered``, ``max_buffered_bytes``. ``on_error`` gets every failed feed
+    attempt, ``SlowConsumerError`` and callback failure (see the module's docstring for what
+    happens without it).
     """
 
     def __init__(
@@ -148,7 +136,7 @@ class Consumer(ClientBase):
         group: str | None = None,
         key: str | None = None,
         prefetch: int | None = None,
-        ack: str = "manual",
+        ack: AckMode = "manual",
         weight: int | None = None,
         max_buffered: int = 10_000,
         max_buffered_bytes: int = 64 * 1024 * 1024,
@@ -165,21 +153,51 @@ class Consumer(ClientBase):
         self._feeds: dict[str, _Feed] = {}
         self._buffer: collections.deque[Message] = collections.deque()
         self._buffered_bytes = 0
-        self._ready = asyncio.Event()
+        self._ready = asyncio.Event()  # the buffer got messages, a problem, or the consumer closed
+        self._changed = asyncio.Event()  # a feed subscribed or failed
+        self._subscribed_once = False
+        self._fatal: KapokError | None = None  # raised by start()
         self._problem: KapokError | None = None  # raised by the next get()
+        self._handler: MessageHandler | None = None
+        self._workers: list[asyncio.Task[None]] = []
+        self._closing: asyncio.Task[None] | None = None
 
     async def start(self) -> Self:
-        """Discover the cluster and subscribe on every active pair (waits for the first
-        attempt on each, at most ``connect_timeout_s``)."""
+        """Discover the cluster and subscribe on every active pair. Returns once every feed
+        has made its first attempt and one holds a subscription; ``ConnectionLostError`` if
+        none does within ``connect_timeout_s`` (see the module's docstring)."""
+        if self.status is not Status.NEW:
+            return self
         await super().start()
-        firsts = [feed.first for feed in self._feeds.values()]
-        if firsts:
-            await asyncio.wait(firsts, timeout=self.connect_timeout_s)
-        if isinstance(self._problem, _FATAL):
-            problem, self._problem = self._problem, None
+        try:
+            await self._wait_for_a_subscription()
+        except BaseException:
             await self.close()
-            raise problem
+            raise
         return self
+
+    async def _wait_for_a_subscription(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.connect_timeout_s
+        while True:
+            if self._fatal is not None:
+                raise self._fatal
+            if self._subscribed_once and all(f.tried for f in self._feeds.values()):
+                return
+            if loop.time() >= deadline:
+                break
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(deadline):
+                    await self._changed.wait()
+        if self._subscribed_once:
+            return  # the feeds still on their first attempt go on in the background
+        errors = [f.error for f in self._feeds.values() if f.error is not None]
+        reasons = "; ".join(str(e) for e in errors) or "the cluster view holds no active member"
+        within = f"within {self.connect_timeout_s:g} s"
+        raise ConnectionLostError(
+            f"no node took the subscription to {self.spec.topic!r} {within}: {reasons}", False
+        ) from (errors[-1] if errors else None)
 
     # ------------------------------------------------------------ taking messages
 
@@ -193,42 +211,103 @@ class Consumer(ClientBase):
             raise StopAsyncIteration from None
 
     async def get(self, timeout_s: float | None = None) -> Message:
-        """The next message; ``TimeoutError`` after ``timeout_s`` without one."""
+        """The next message; ``TimeoutError`` after ``timeout_s`` without one. Raises what
+        could not be reported otherwise (see the module's docstring)."""
+        if self._handler is not None:
+            raise ClientError("get() cannot take messages from a consumer that hands them to a callback")
         async with asyncio.timeout(timeout_s):
-            while True:
-                if self._problem is not None:
-                    problem, self._problem = self._problem, None
-                    raise problem
-                if self._buffer:
-                    msg = self._buffer.popleft()
-                    self._buffered_bytes -= len(msg.data)
-                    return msg
-                if self.status is Status.CLOSED or self.status is Status.NEW:
-                    raise ClientClosedError(
-                        "the consumer is closed"
-                        if self.status is Status.CLOSED
-                        else "the consumer is not started (use 'async with' or start())"
-                    )
-                self._ready.clear()
-                await self._ready.wait()
+            return await self._next()
+
+    async def _next(self) -> Message:
+        while True:
+            if self._problem is not None:
+                problem, self._problem = self._problem, None
+                raise problem
+            if self._buffer:
+                msg = self._buffer.popleft()
+                self._buffered_bytes -= len(msg.data)
+                return msg
+            if self.status is Status.CLOSED or self.status is Status.NEW:
+                raise ClientClosedError(
+                    "the consumer is closed"
+                    if self.status is Status.CLOSED
+                    else "the consumer is not started (use 'async with' or start())"
+                )
+            self._ready.clear()
+            await self._ready.wait()
+
+    async def subscribe(self, callback: MessageHandler, *, concurrency: int = 1) -> None:
+        """Hand every message to ``callback`` from now on, in order, at most ``concurrency``
+        at a time, each inside ``Message.process()``: acked when the callback returns, nacked
+        with requeue when it raises (the failure goes to ``on_error`` as a ``ClientError``, or
+        to the log). The callback may settle a message itself. Ends with ``close()``."""
+        self._check_open()
+        if self._handler is not None:
+            raise ClientError("this consumer hands its messages to a callback already")
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self._handler = callback
+        if self._problem is not None:  # no get() will raise it now
+            problem, self._problem = self._problem, None
+            self._report(problem)
+        loop = asyncio.get_running_loop()
+        self._workers = [loop.create_task(self._dispatch(callback)) for _ in range(concurrency)]
+
+    async def _dispatch(self, callback: MessageHandler) -> None:
+        while True:
+            try:
+                msg = await self._next()
+            except ClientClosedError:
+                return
+            returned = False
+            try:
+                async with msg.process(requeue=True):
+                    result = callback(msg)
+                    if inspect.isawaitable(result):
+                        await result
+                    returned = True
+            except Exception as exc:
+                if returned and isinstance(exc, KapokError):
+                    self._report(exc)  # the ack failed (the connection is gone: it comes again)
+                    continue
+                failure = ClientError(f"the callback failed on message {msg.code} from {msg.node}: {exc!r}")
+                failure.__cause__ = exc
+                self._report(failure)
 
     @property
     def buffered(self) -> int:
         return len(self._buffer)
 
+    # ------------------------------------------------------------ closing
+
     async def close(self) -> None:
-        if self.status is Status.CLOSED:
-            return
+        """Stop consuming and return: messages handed out and not acked go back to their nodes
+        (nacked, or requeued by the node as the connection ends). Bounded; see the module's
+        docstring."""
+        if self._closing is None:
+            if self.status is Status.CLOSED:
+                return
+            self._closing = asyncio.get_running_loop().create_task(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
+        self.status = Status.CLOSED
+        self._ready.set()
+        workers, self._workers = self._workers, []
+        for task in workers:
+            task.cancel()  # a message being handled is nacked back while its connection is open
+        if workers:
+            await asyncio.wait(workers, timeout=SESSION_CLOSE_S)
         feeds = list(self._feeds.values())
         self._feeds.clear()
-        for feed in feeds:
-            await self._stop_feed(feed)
+        await asyncio.gather(*(self._stop_feed(feed) for feed in feeds))
         await self._stop_upkeep()
-        self._ready.set()
 
     # ------------------------------------------------------------ feeds
 
     def _on_view(self) -> None:
+        if self.status is Status.CLOSED:
+            return
         for pair, member in self.view.items():
             feed = self._feeds.get(pair)
             if feed is None:
@@ -244,47 +323,101 @@ class Consumer(ClientBase):
         self._update_status()
 
     async def _stop_feed(self, feed: _Feed) -> None:
-        if feed.task is not None:
-            await cancel_and_wait(feed.task)
+        await cancel_and_wait(feed.task)  # its own clean-up closes its session
         if feed.session is not None:
-            await feed.session.close()
+            await self._close_session(feed.session)
+
+    async def _close_session(self, session: NodeSession) -> None:
+        try:
+            async with asyncio.timeout(SESSION_CLOSE_S):
+                await session.close()
+        except TimeoutError:
+            log.info("%s: %s did not answer our close; dropped", self.name, session.member.name)
+        except Exception:  # the connection is being dropped either way
+            log.exception("%s: closing the connection to %s failed", self.name, session.member.name)
 
     async def _run_feed(self, feed: _Feed) -> None:
-        attempt = 0
         while True:
             member = feed.member
-            session: NodeSession | None = None
-            try:
-                session = await self._connect(member)
-                feed.session = session
-                await session.subscribe(self.spec, functools.partial(self._deliver, session))
-                attempt = 0
-                self._update_status()
-                if not feed.first.done():
-                    feed.first.set_result(None)
-                await session.wait_closed()
-                reason = "the connection closed"
-            except _FATAL as exc:
-                self._report(exc)
-                if not feed.first.done():
-                    feed.first.set_result(None)
-                return
-            except KapokError as exc:  # connection lost, not active, too many connections
-                reason = str(exc)
-            finally:
-                if session is not None:
-                    feed.session = None
-                    self._forget(session)
-                    await session.close()
-            if not feed.first.done():
-                feed.first.set_result(None)
+            began = time.monotonic()
+            error, held = await self._attempt(feed, member)
+            feed.tried = True
+            fatal = isinstance(error, _FATAL)
+            if not fatal and not feed.member.same_node(member):
+                self._changed.set()
+                continue  # the pair moved to another member: not a failure, subscribe there now
+            now = time.monotonic()
+            if held is not None and held >= self.connect_timeout_s:
+                feed.failures, feed.failing_since = 0, now  # it worked for a while: a fresh start
+            elif feed.failing_since is None:
+                feed.failing_since = began
+            feed.error = error
             self.stats.node(member.name).failures += 1
+            if fatal and self._fatal is None:
+                self._fatal = error
             self._update_status()
+            self._changed.set()
+            self._report(error, in_get=fatal or self._nothing_deliverable(now))
+            if fatal:
+                log.warning("%s: feed from %s stopped: %s", self.name, member.name, error)
+                return
             self.want_refresh()
-            delay = self.backoff(attempt)
-            attempt += 1
-            log.info("%s: feed from %s ended (%s); again in %.2f s", self.name, member.name, reason, delay)
+            delay = self.backoff(feed.failures)
+            feed.failures += 1
+            log.info("%s: %s; again in %.2f s", self.name, error, delay)
             await asyncio.sleep(delay)
+
+    async def _attempt(self, feed: _Feed, member: Member) -> tuple[KapokError, float | None]:
+        """One connection of ``feed``, from connect to its end: why it ended, and for how many
+        seconds it held the subscription (None: it never did)."""
+        topic = self.spec.topic
+        try:
+            session = await self._connect(member)
+        except KapokError as exc:  # each names the node and the reason
+            return exc, None
+        feed.session = session
+        try:
+            try:
+                await session.subscribe(self.spec, functools.partial(self._deliver, session))
+            except ConnectionLostError as exc:
+                message = f"the subscription to {topic!r} on {member.name} failed before it was confirmed"
+                return ConnectionLostError(f"{message}: {exc}", False), None
+            except ClientError as exc:  # raised on this side (UnsupportedError): as it is
+                return exc, None
+            except KapokError as exc:  # the node's error frame
+                exc.args = (f"{member.name} refused the subscription to {topic!r}: {exc.message}",)
+                return exc, None
+            feed.subscribed = feed.tried = True
+            self._subscribed_once = True
+            self._update_status()
+            self._changed.set()
+            since = time.monotonic()
+            reason = await session.wait_closed()
+            held = time.monotonic() - since
+            message = f"the subscription to {topic!r} on {member.name} ended after {held:.2f} s: "
+            return ConnectionLostError(message + (reason or "the connection closed"), False), held
+        finally:
+            feed.subscribed = False
+            feed.session = None
+            self._forget(session)
+            await self._close_session(session)
+
+    def _nothing_deliverable(self, now: float) -> bool:
+        """No feed holds a subscription, and each has been failing for ``connect_timeout_s``."""
+        feeds = self._feeds.values()
+        return bool(feeds) and all(
+            not f.live and f.failing_since is not None and now - f.failing_since >= self.connect_timeout_s
+            for f in feeds
+        )
+
+    def _update_status(self) -> None:
+        if self.status is Status.CLOSED:
+            return
+        live = any(f.live for f in self._feeds.values())
+        self._set_status(Status.CONNECTED if live else Status.RECONNECTING)
+
+    def _tick(self, now: float) -> None:
+        self._update_status()
 
     # ------------------------------------------------------------ the buffer
 
@@ -323,13 +456,17 @@ class Consumer(ClientBase):
             f"{len(msgs)} message(s) from {session.member.name} {fate}"
         ))  # fmt: skip
 
-    def _report(self, exc: KapokError) -> None:
-        if self.on_error is not None and isinstance(exc, SlowConsumerError):
-            self.on_error(exc)
-            return
-        if self._problem is None:
-            self._problem = exc
-        self._ready.set()
+    def _report(self, exc: KapokError, *, in_get: bool = True) -> None:
+        """To ``on_error``; else, with a callback, to the log; else, if ``in_get``, to the next
+        ``get()`` (the first one waiting is kept)."""
+        if self.on_error is not None:
+            self._call(self.on_error, exc)
+        elif self._handler is not None:
+            log.warning("%s: %s", self.name, exc, exc_info=exc.__cause__)
+        elif in_get:
+            if self._problem is None:
+                self._problem = exc
+            self._ready.set()
 
     def _forget(self, session: NodeSession) -> None:
         """Drop what a lost connection delivered and nobody took yet: it comes again."""
@@ -337,12 +474,3 @@ class Consumer(ClientBase):
         if len(kept) != len(self._buffer):
             self._buffer = collections.deque(kept)
             self._buffered_bytes = sum(len(m.data) for m in kept)
-
-    def _update_status(self) -> None:
-        if self.status is Status.CLOSED:
-            return
-        live = any(f.session is not None and not f.session.closed for f in self._feeds.values())
-        self._set_status(Status.CONNECTED if live else Status.RECONNECTING)
-
-    def _tick(self, now: float) -> None:
-        self._update_status()

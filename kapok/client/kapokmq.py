@@ -7,6 +7,16 @@ order, without the message's code (``publish`` returns ``""`` as the code); a co
 socket (``/Consumers/Conn/{topic}/{id}``) pushes PascalCase messages and takes a raw code
 as the ack. There is no duplicate filter, routing key, priority, TTL, group choice,
 prefetch, nack or touch on these routes. Both sockets start with the secret-key handshake.
+
+An ack is the raw code written to the consumer socket, and KapokMQ's node answers nothing
+to it (an unknown code is only counted on the node). So ``settle_confirmed`` — what
+``Message.ack(wait=True)`` calls — can only wait until the code has been *written* to the
+socket: it raises ``ConnectionLostError`` when the socket is gone or the write fails, and
+it cannot report a code the node does not hold.
+
+Any socket of a session that ends ends the session (the consumer reconnects it whole);
+``wait_closed`` returns why. ``close`` closes every socket at once, each bounded by
+``CLOSE_TIMEOUT_S``.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from typing import Any
 import aiohttp
 from aiohttp import WSMsgType
 
+from kapok.client.native import CLOSE_TIMEOUT_S
 from kapok.client.session import Deliver, SubSpec
 from kapok.client.view import Member
 from kapok.errors import (
@@ -51,7 +62,8 @@ def compat_frame(msg: dict[str, Any]) -> str:
 
 async def _open(http: aiohttp.ClientSession, url: str, secret: str, name: str) -> Any:
     try:
-        ws = await http.ws_connect(url, timeout=aiohttp.ClientWSTimeout(ws_close=5.0), heartbeat=30.0)
+        timeout = aiohttp.ClientWSTimeout(ws_close=CLOSE_TIMEOUT_S)
+        ws = await http.ws_connect(url, timeout=timeout, heartbeat=30.0)
     except aiohttp.WSServerHandshakeError as exc:
         if exc.status == 503:
             raise NotActiveError(f"{name} takes no clients now (HTTP 503)") from None
@@ -109,6 +121,7 @@ class KapokMQSession:
         self._consumers: dict[int, Any] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._reason: str | None = None
         self._done = asyncio.Event()
 
     @property
@@ -124,7 +137,7 @@ class KapokMQSession:
             url = self._url("Producers", topic, self._client)
             ws = await _open(self._http, url, self._secret, self.member.name)
             sock = self._producers[topic] = _ProducerSocket(ws, self.member.name)
-            sock.reader.add_done_callback(lambda _: self._lost())
+            sock.reader.add_done_callback(lambda _: self._lost(f"the producer socket of {topic!r} closed"))
         return sock
 
     async def publish(self, msgs: list[dict[str, Any]], topic: str | None = None) -> list[str | KapokError]:
@@ -152,17 +165,25 @@ class KapokMQSession:
         ws = await _open(self._http, url, self._secret, self.member.name)
         self._consumers[sub] = ws
         task = asyncio.get_running_loop().create_task(self._pushes(ws, sub, deliver))
-        task.add_done_callback(lambda _: self._lost())
         self._track(task)
         return sub
 
     async def _pushes(self, ws: Any, sub: int, deliver: Deliver) -> None:
-        async for msg in ws:
-            if msg.type is not WSMsgType.TEXT:
-                break
-            message = decode_push(msg.data)
-            if message is not None:  # else {"code": -1, ...}: nothing to deliver
-                deliver(sub, [message])
+        reason = "closed by the node"
+        try:
+            async for msg in ws:
+                if msg.type is not WSMsgType.TEXT:
+                    reason = f"a {msg.type.name} frame where a push was due"
+                    break
+                message = decode_push(msg.data)
+                if message is not None:  # else {"code": -1, ...}: nothing to deliver
+                    deliver(sub, [message])
+        except KapokError as exc:
+            reason = f"a malformed push: {exc}"
+        except Exception as exc:  # a push without the fields it needs, say
+            reason = f"a push it could not read: {type(exc).__name__}: {exc}"
+        finally:
+            self._lost(reason)
 
     def settle(self, op: Settle, sub: int, codes: list[str], requeue: bool = True) -> None:
         if op != "ack":
@@ -177,25 +198,39 @@ class KapokMQSession:
 
         self._track(asyncio.get_running_loop().create_task(send()))
 
+    async def settle_confirmed(self, op: Settle, sub: int, codes: list[str], requeue: bool = True) -> None:
+        """Write the codes and return once they are written (the node answers no ack)."""
+        if op != "ack":
+            raise UnsupportedError(f"the KapokMQ protocol has no {op}")
+        ws = self._consumers.get(sub)
+        if ws is None or ws.closed or self._closed:
+            raise ConnectionLostError(f"the connection to {self.member.name} is closed", False)
+        try:
+            for code in codes:
+                await ws.send_str(code)
+        except (ConnectionError, RuntimeError, aiohttp.ClientError) as exc:
+            raise ConnectionLostError(f"the ack to {self.member.name} was not written: {exc}") from None
+
     def _track(self, task: asyncio.Task[None]) -> None:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _lost(self) -> None:
+    def _lost(self, reason: str) -> None:
         # Any socket of the session that closes ends the session: the caller reconnects it whole.
         if not self._closed:
             self._closed = True
+            self._reason = reason
             spawn(self.close())
 
-    async def wait_closed(self) -> None:
+    async def wait_closed(self) -> str | None:
         await self._done.wait()
+        return self._reason
 
     async def close(self) -> None:
         self._closed = True
-        for sock in self._producers.values():
-            await sock.ws.close()
-        for ws in self._consumers.values():
-            await ws.close()
+        self._reason = self._reason or "closed by the client"
+        sockets = [sock.ws for sock in self._producers.values()] + list(self._consumers.values())
+        await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
         for task in list(self._tasks):
             task.cancel()
         self._done.set()

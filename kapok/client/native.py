@@ -5,17 +5,27 @@ callback is registered when its ``subok`` is *read* (the node sends ``subok`` be
 subscription's first ``msg``, and the reader handles frames in order, so no push can
 arrive for an unknown subscription). Acks, nacks and touches are fire-and-forget and
 batched: every call of one loop turn goes out in one frame per (op, subscription).
-aiohttp's heartbeat pings the node and closes a connection that stops answering.
+``settle_confirmed`` sends one with a request id instead and waits for the node's ``ok``
+or ``error``; it goes through the same queue as the batched frames, after them, so a
+touch queued before a confirmed ack cannot overtake it. One writer task drains that queue.
+
+aiohttp's heartbeat pings the node and closes a connection that stops answering. A frame
+that cannot be read (not JSON, a push without its fields) breaks the connection: the
+reason says so, and ``wait_closed`` returns it for the consumer's report. ``close`` writes
+what is queued, sends the close frame and waits at most ``CLOSE_TIMEOUT_S`` for the node's
+answer, then drops the connection: a node that stopped reading cannot hold a close up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+import orjson
 from aiohttp import WSMsgType
 
 from kapok.client.session import Deliver, SubSpec, remote_error
@@ -25,11 +35,13 @@ from kapok.protocol.fields import MAX_CODES
 from kapok.protocol.native import Settle, decode_frame, encode_pong, encode_pub, encode_settle, encode_sub
 from kapok.tasks import spawn
 
-__all__ = ["MAX_FRAME_BYTES", "NativeSession", "connect_native"]
+__all__ = ["CLOSE_TIMEOUT_S", "MAX_FRAME_BYTES", "NativeSession", "connect_native"]
 
 log = logging.getLogger("kapok.client")
 
 MAX_FRAME_BYTES = 64 * 1024 * 1024  # a push frame is ~256 KiB; bounded all the same
+CLOSE_TIMEOUT_S = 0.5  # a node answers a close frame in milliseconds, or has stopped reading
+_WRITE_ERRORS = (ConnectionError, RuntimeError, aiohttp.ClientError)
 _DATA = (WSMsgType.TEXT, WSMsgType.BINARY)
 
 
@@ -51,7 +63,7 @@ async def connect_native(
             heartbeat=heartbeat_s,
             max_msg_size=MAX_FRAME_BYTES,
             decode_text=False,
-            timeout=aiohttp.ClientWSTimeout(ws_close=5.0),
+            timeout=aiohttp.ClientWSTimeout(ws_close=CLOSE_TIMEOUT_S),
         )
     except aiohttp.WSServerHandshakeError as exc:
         if exc.status == 401:
@@ -78,7 +90,10 @@ class NativeSession:
         self._deliver: dict[int, Deliver] = {}
         self._settles: dict[tuple[Settle, int, bool], list[str]] = {}
         self._flushing = False
+        self._out: collections.deque[bytes] = collections.deque()  # frames for the writer, in order
+        self._writer: asyncio.Task[None] | None = None
         self._closed = False
+        self._reason: str | None = None
         self._done = asyncio.Event()
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
@@ -100,7 +115,7 @@ class NativeSession:
         self._pending[rid] = future
         try:
             await self._ws.send_bytes(frame)
-        except (ConnectionError, RuntimeError, aiohttp.ClientError) as exc:
+        except _WRITE_ERRORS as exc:
             self._lost(f"write failed: {exc}")
         return await future
 
@@ -127,6 +142,17 @@ class NativeSession:
             self._flushing = True
             asyncio.get_running_loop().call_soon(self._flush_settles)
 
+    async def settle_confirmed(self, op: Settle, sub: int, codes: list[str], requeue: bool = True) -> None:
+        rid = self._new_id()
+        frame: dict[str, Any] = {"op": op, "id": rid, "sub": sub, "codes": codes}
+        if op == "nack":
+            frame["requeue"] = requeue
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = future
+        self._flush_settles()  # what was queued before goes first
+        self._enqueue([orjson.dumps(frame)])
+        await future
+
     def _flush_settles(self) -> None:
         self._flushing = False
         settles, self._settles = self._settles, {}
@@ -136,15 +162,22 @@ class NativeSession:
             for i in range(0, len(codes), MAX_CODES)
         ]
         if frames and not self._closed:
-            spawn(self._send_all(frames))
+            self._enqueue(frames)
 
-    async def _send_all(self, frames: list[bytes]) -> None:
+    def _enqueue(self, frames: list[bytes]) -> None:
+        self._out.extend(frames)
+        if self._writer is None or self._writer.done():
+            self._writer = spawn(self._write())
+
+    async def _write(self) -> None:
+        # The only task that writes queued frames: they leave in the order they were queued.
         try:
-            for frame in frames:
-                await self._ws.send_bytes(frame)
-        except (ConnectionError, RuntimeError, aiohttp.ClientError) as exc:
-            # The node requeues what this connection held; the reader reports the loss.
-            log.debug("acks to %s not sent: %s", self.member.name, exc)
+            while self._out:
+                await self._ws.send_bytes(self._out.popleft())
+        except _WRITE_ERRORS as exc:
+            # The node requeues what this connection held; waiting requests fail here.
+            self._out.clear()
+            self._lost(f"write failed: {exc}")
 
     # ------------------------------------------------------------ reading
 
@@ -157,8 +190,12 @@ class NativeSession:
                 elif msg.type is WSMsgType.ERROR:
                     reason = f"error: {self._ws.exception()}"
                     break
-        except Exception as exc:  # a malformed frame is a broken connection, not a crash
-            reason = f"{type(exc).__name__}: {exc}"
+            if self._ws.close_code is not None and reason == "closed by the node":
+                reason = f"closed by the node (WebSocket close code {self._ws.close_code})"
+        except KapokError as exc:  # a malformed frame is a broken connection, not a crash
+            reason = f"a malformed frame: {exc}"
+        except Exception as exc:  # a frame without the fields its op needs, say
+            reason = f"a frame it could not read: {type(exc).__name__}: {exc}"
         finally:
             self._lost(reason)
             if not self._ws.closed:
@@ -180,7 +217,8 @@ class NativeSession:
             if deliver is not None:
                 self._deliver[frame["sub"]] = deliver
         elif op == "ping":
-            spawn(self._send_all([encode_pong(rid)]))
+            if not self._closed:
+                self._enqueue([encode_pong(rid)])
             return
         elif op == "error":
             self._subscribing.pop(rid, None)
@@ -199,6 +237,7 @@ class NativeSession:
         if self._closed:
             return
         self._closed = True
+        self._reason = reason
         pending, self._pending = self._pending, {}
         message = f"lost the connection to {self.member.name}: {reason}"
         for future in pending.values():
@@ -207,10 +246,22 @@ class NativeSession:
         self._deliver.clear()
         self._subscribing.clear()
 
-    async def wait_closed(self) -> None:
+    async def wait_closed(self) -> str | None:
         await self._done.wait()
+        return self._reason
 
     async def close(self) -> None:
-        self._lost("closed by the client")
+        """Write what is queued (acks of messages already handled), close, drop the
+        connection if the node has not answered within ``CLOSE_TIMEOUT_S``."""
+        if not self._closed:
+            self._flush_settles()
+            queued, self._out = list(self._out), collections.deque()
+            self._lost("closed by the client")
+            try:
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    for frame in queued:  # a transport write each; no answer awaited
+                        await self._ws.send_bytes(frame)
+            except (TimeoutError, *_WRITE_ERRORS):
+                pass
         await self._ws.close()
         await self._reader

@@ -10,22 +10,33 @@ the ``connector`` argument. A connector turns a ``Member`` into an open session,
 
 ``publish`` raises ``ConnectionLostError(in_doubt=True)`` when the connection broke after the
 batch was written: the node may or may not have stored it (see ``Producer``).
+
+``settle`` is fire-and-forget (batched; a node's error about it comes back through the
+session's ``on_error``). A session that can also wait for a settle's outcome implements
+``ConfirmsSettles`` (both real sessions do; a test fake may not): ``Message.ack(wait=True)``
+uses it. It is a protocol of its own so that a ``NodeSession`` stays what it was.
+
+``wait_closed`` returns why the connection ended (None when the session cannot say); the
+consumer puts that reason into the error it reports.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from kapok.client.view import Member
 from kapok.errors import KapokError, UnknownCodeError, error_for_code
 from kapok.protocol.native import Settle
 
-__all__ = ["Connector", "Deliver", "NodeSession", "SubSpec", "remote_error"]
+__all__ = ["AckMode", "ConfirmsSettles", "Connector", "Deliver", "NodeSession", "SubSpec", "remote_error"]
 
 # A subscription's pushes: its id and a list of native message objects ({code, topic, data, ...}).
 Deliver = Callable[[int, list[dict[str, Any]]], None]
+
+# "manual": the consumer acks each message; "auto": the node settles it as it sends it.
+AckMode = Literal["manual", "auto"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +47,7 @@ class SubSpec:
     group: str | None = None
     key: str | None = None  # routing-key pattern ("orders.*", "#")
     prefetch: int | None = None  # None = the node's mq.prefetch
-    ack: str = "manual"  # "manual" | "auto"
+    ack: AckMode = "manual"
     weight: int | None = None
 
 
@@ -60,9 +71,22 @@ class NodeSession(Protocol):
         """Queue an ``ack``, ``nack`` or ``touch`` (sent in one frame per loop turn)."""
         ...
 
-    async def wait_closed(self) -> None: ...
+    async def wait_closed(self) -> str | None:
+        """Wait until the connection has ended; why it ended, when the session knows."""
+        ...
 
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """Close at once; bounded even when the node does not answer."""
+        ...
+
+
+@runtime_checkable
+class ConfirmsSettles(Protocol):
+    async def settle_confirmed(self, op: Settle, sub: int, codes: list[str], requeue: bool = True) -> None:
+        """Send an ``ack``, ``nack`` or ``touch`` now (after any queued by ``settle``) and wait for
+        the node's answer: the node's error if it refused (``UnknownCodeError`` for a code it does
+        not hold), ``ConnectionLostError`` if the connection ended first."""
+        ...
 
 
 Connector = Callable[[Member], Awaitable[NodeSession]]
