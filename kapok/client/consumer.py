@@ -340,7 +340,11 @@ class Consumer(ClientBase):
         while True:
             member = feed.member
             began = time.monotonic()
-            error, held = await self._attempt(feed, member)
+            try:
+                error, held = await self._attempt(feed, member)
+            except Exception as exc:  # a bug, or an answer nobody foresaw: the feed must go on
+                log.exception("%s: the feed from %s failed", self.name, member.name)
+                error, held = ConnectionLostError(f"the feed from {member.name} failed: {exc!r}", False), None
             feed.tried = True
             fatal = isinstance(error, _FATAL)
             if not fatal and not feed.member.same_node(member):

@@ -131,7 +131,10 @@ class NativeSession:
         frame = encode_sub(rid, spec.topic, spec.ack, **options)
         self._subscribing[rid] = deliver
         reply = await self._request(rid, frame)
-        sub: int = reply["sub"]
+        sub = reply.get("sub")
+        if not isinstance(sub, int) or reply.get("op") != "subok":
+            self._lost(f"a {reply.get('op')!r} frame with no subscription id answered the subscription")
+            raise ConnectionLostError(f"lost the connection to {self.member.name}: {self._reason}", False)
         return sub
 
     def settle(self, op: Settle, sub: int, codes: list[str], requeue: bool = True) -> None:

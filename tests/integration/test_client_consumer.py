@@ -71,6 +71,11 @@ async def sends_garbage(ws: web.WebSocketResponse) -> None:
     await ws.send_str("not json")
 
 
+async def answers_nonsense(ws: web.WebSocketResponse) -> None:
+    sub = await read_sub(ws)
+    await ws.send_bytes(orjson.dumps({"op": "ok", "id": sub["id"]}))  # an ok where a subok is due
+
+
 async def read_sub(ws: web.WebSocketResponse) -> dict[str, Any]:
     msg = await ws.receive()
     assert msg.type is WSMsgType.BINARY or msg.type is WSMsgType.TEXT, msg
@@ -104,8 +109,12 @@ def about_the_node(errors: list[KapokError], *words: str) -> None:
 
 @pytest.mark.parametrize(
     ("behaviour", "words"),
-    [(closes_at_once, ("closed",)), (sends_garbage, ("malformed", "JSON"))],
-    ids=["closes-every-websocket", "sends-garbage"],
+    [
+        (closes_at_once, ("closed",)),
+        (sends_garbage, ("malformed", "JSON")),
+        (answers_nonsense, ("no subscription id",)),
+    ],
+    ids=["closes-every-websocket", "sends-garbage", "answers-nonsense"],
 )
 async def test_start_fails_and_each_attempt_is_reported_when_no_feed_can_subscribe(
     stand_in: StandIn, behaviour: Behaviour, words: tuple[str, ...]
@@ -183,8 +192,7 @@ async def test_cancelling_a_get_inside_async_with_ends_at_once_even_if_the_node_
             await consumer.get()
 
     task = asyncio.create_task(consume())
-    await asyncio.wait_for(got_in.wait(), T)
-    await asyncio.sleep(0.05)  # blocked in get()
+    await asyncio.wait_for(got_in.wait(), T)  # consume() went on into get() before this returns
     began = time.monotonic()
     task.cancel()
     done, _ = await asyncio.wait([task], timeout=scaled(1.0))
@@ -202,7 +210,6 @@ async def test_cancelling_a_get_inside_async_with_ends_at_once_on_a_real_node(ma
 
     task = asyncio.create_task(consume())
     await asyncio.wait_for(got_in.wait(), T)
-    await asyncio.sleep(0.05)
     task.cancel()
     done, _ = await asyncio.wait([task], timeout=scaled(1.0))
     assert task in done and task.cancelled()
