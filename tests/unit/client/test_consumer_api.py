@@ -325,10 +325,10 @@ async def test_a_lost_connection_that_comes_back_in_time_is_not_raised_by_get() 
 async def test_get_raises_when_every_feed_has_been_failing_for_connect_timeout_s() -> None:
     cluster = ApiCluster("a")
     with cluster.serving():
+        began = time.monotonic()  # the subscription is lost at once: failing since its attempt began
         async with _consumer(cluster, connect_timeout_s=0.2) as consumer:  # no on_error
             cluster.nodes["a"].refuse = True
             await _session(cluster).close()
-            began = time.monotonic()
             with pytest.raises(ConnectionLostError, match="cannot connect to a"):
                 await consumer.get(scaled(5))
             assert time.monotonic() - began >= 0.2
