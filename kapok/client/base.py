@@ -25,6 +25,7 @@ from kapok.client.backoff import backoff_delay
 from kapok.client.discovery import Discovery, normalize_seeds
 from kapok.client.kapokmq import KapokMQSession
 from kapok.client.native import connect_native
+from kapok.client.pool import SessionPool
 from kapok.client.session import Connector, NodeSession
 from kapok.client.stats import Stats, Status
 from kapok.client.view import Member, by_pair
@@ -56,6 +57,7 @@ class ClientOptions(TypedDict, total=False):
     on_error: Callable[[KapokError], None] | None
     on_disconnected: Callable[[], None] | None
     on_reconnected: Callable[[], None] | None
+    pool: SessionPool | None
     rng: random.Random | None
     connector: Connector | None
     http: aiohttp.ClientSession | None
@@ -83,6 +85,7 @@ class ClientBase:
         on_error: Callable[[KapokError], None] | None = None,
         on_disconnected: Callable[[], None] | None = None,
         on_reconnected: Callable[[], None] | None = None,
+        pool: SessionPool | None = None,
         rng: random.Random | None = None,
         connector: Connector | None = None,
         http: aiohttp.ClientSession | None = None,
@@ -107,6 +110,7 @@ class ClientBase:
         self._seeds = normalize_seeds(seeds)  # a bad seed fails here, before anything is opened
         self._rng = rng or random.Random()
         self._connector = connector
+        self._pool = pool if protocol == "native" else None  # KapokMQ's routes cannot share a connection
         self._http = http
         self._own_http = http is None
         self._discovery: Discovery | None = None
@@ -215,15 +219,21 @@ class ClientBase:
                     session = await self._connector(member)
                 elif self.protocol == "kapokmq":
                     session = KapokMQSession(self._http, member, secret=self.secret, client=self.name)
+                elif self._pool is not None:
+                    key = (member.name, member.url, member.epoch, self.secret)
+                    session = await self._pool.lease(key, lambda http: self._connect_native(http, member))
                 else:
-                    session = await connect_native(
-                        self._http, member, secret=self.secret, client=self.name,
-                        heartbeat_s=self.heartbeat_s, on_error=self._on_server_error,
-                    )  # fmt: skip
+                    session = await self._connect_native(self._http, member)
         except TimeoutError:
             raise ConnectionLostError(f"connecting to {member.name} timed out", False) from None
         self.stats.node(member.name).connects += 1
         return session
+
+    async def _connect_native(self, http: aiohttp.ClientSession, member: Member) -> NodeSession:
+        return await connect_native(
+            http, member, secret=self.secret, client=self.name,
+            heartbeat_s=self.heartbeat_s, on_error=self._on_server_error,
+        )  # fmt: skip
 
     def _on_server_error(self, exc: KapokError) -> None:
         self.stats.server_errors += 1

@@ -32,7 +32,15 @@ from kapok.client.session import Deliver, SubSpec, remote_error
 from kapok.client.view import Member
 from kapok.errors import AuthError, ConnectionLostError, KapokError, NotActiveError
 from kapok.protocol.fields import MAX_CODES
-from kapok.protocol.native import Settle, decode_frame, encode_pong, encode_pub, encode_settle, encode_sub
+from kapok.protocol.native import (
+    Settle,
+    decode_frame,
+    encode_pong,
+    encode_pub,
+    encode_settle,
+    encode_sub,
+    encode_unsub,
+)
 from kapok.tasks import spawn
 
 __all__ = ["CLOSE_TIMEOUT_S", "MAX_FRAME_BYTES", "NativeSession", "connect_native"]
@@ -144,6 +152,13 @@ class NativeSession:
         if not self._flushing:
             self._flushing = True
             asyncio.get_running_loop().call_soon(self._flush_settles)
+
+    def unsubscribe(self, sub: int) -> None:
+        """Cancel a subscription, after the settles queued for it (the node requeues what it held)."""
+        self._deliver.pop(sub, None)
+        if not self._closed:
+            self._flush_settles()
+            self._enqueue([encode_unsub(sub)])
 
     async def settle_confirmed(self, op: Settle, sub: int, codes: list[str], requeue: bool = True) -> None:
         rid = self._new_id()

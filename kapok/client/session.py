@@ -30,7 +30,16 @@ from kapok.client.view import Member
 from kapok.errors import KapokError, UnknownCodeError, error_for_code
 from kapok.protocol.native import Settle
 
-__all__ = ["AckMode", "ConfirmsSettles", "Connector", "Deliver", "NodeSession", "SubSpec", "remote_error"]
+__all__ = [
+    "AckMode",
+    "ConfirmsSettles",
+    "Connector",
+    "Deliver",
+    "NodeSession",
+    "SubSpec",
+    "Unsubscribes",
+    "remote_error",
+]
 
 # A subscription's pushes: its id and a list of native message objects ({code, topic, data, ...}).
 Deliver = Callable[[int, list[dict[str, Any]]], None]
@@ -86,6 +95,13 @@ class ConfirmsSettles(Protocol):
         """Send an ``ack``, ``nack`` or ``touch`` now (after any queued by ``settle``) and wait for
         the node's answer: the node's error if it refused (``UnknownCodeError`` for a code it does
         not hold), ``ConnectionLostError`` if the connection ended first."""
+        ...
+
+
+@runtime_checkable
+class Unsubscribes(Protocol):
+    def unsubscribe(self, sub: int) -> None:
+        """Cancel one subscription, keeping the connection (a ``SessionPool``'s user leaving)."""
         ...
 
 

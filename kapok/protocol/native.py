@@ -48,6 +48,7 @@ __all__ = [
     "encode_settle",
     "encode_sub",
     "encode_subok",
+    "encode_unsub",
     "message_json",
 ]
 
@@ -89,6 +90,10 @@ def encode_settle(op: Settle, sub: int, codes: list[str], requeue: bool = True) 
     if op == "nack":
         return orjson.dumps({"op": op, "sub": sub, "codes": codes, "requeue": requeue})
     return orjson.dumps({"op": op, "sub": sub, "codes": codes})
+
+
+def encode_unsub(sub: int) -> bytes:
+    return orjson.dumps({"op": "unsub", "sub": sub})
 
 
 def encode_pong(rid: Any) -> bytes:
