@@ -11,24 +11,32 @@ server. ``kapok.client.sync`` wraps both for code without an event loop.
 
 from kapok.client.backoff import backoff_delay
 from kapok.client.balance import BALANCES
-from kapok.client.consumer import Consumer, Message
+from kapok.client.base import ClientOptions, WireProtocol
+from kapok.client.consumer import Consumer, MessageHandler
+from kapok.client.message import Message, Processing
 from kapok.client.pool import SessionPool
-from kapok.client.producer import Producer
-from kapok.client.session import NodeSession, SubSpec
+from kapok.client.producer import Balance, Producer
+from kapok.client.session import AckMode, NodeSession, SubSpec
 from kapok.client.stats import NodeStats, Stats, Status
 from kapok.client.view import Member
 
 __all__ = [
     "BALANCES",
+    "AckMode",
+    "Balance",
+    "ClientOptions",
     "Consumer",
     "Member",
     "Message",
+    "MessageHandler",
     "NodeSession",
     "NodeStats",
+    "Processing",
     "Producer",
     "SessionPool",
     "Stats",
     "Status",
     "SubSpec",
+    "WireProtocol",
     "backoff_delay",
 ]

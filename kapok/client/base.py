@@ -32,12 +32,12 @@ from kapok.client.view import Member, by_pair
 from kapok.errors import ClientClosedError, ConnectionLostError, KapokError
 from kapok.tasks import cancel_and_wait
 
-__all__ = ["ClientBase", "ClientOptions", "Protocol"]
+__all__ = ["ClientBase", "ClientOptions", "WireProtocol"]
 
 log = logging.getLogger("kapok.client")
 
-Protocol = Literal["native", "kapokmq"]
-PROTOCOLS: tuple[Protocol, ...] = ("native", "kapokmq")
+WireProtocol = Literal["native", "kapokmq"]
+PROTOCOLS: tuple[WireProtocol, ...] = ("native", "kapokmq")
 TICK_S = 0.05
 MIN_REFRESH_S = 0.2
 
@@ -47,7 +47,7 @@ class ClientOptions(TypedDict, total=False):
     typed, so editors complete them and mypy checks them)."""
 
     secret: str
-    protocol: Protocol
+    protocol: WireProtocol
     name: str | None
     connect_timeout_s: float
     refresh_interval_s: float
@@ -75,7 +75,7 @@ class ClientBase:
         seeds: Sequence[str] | str,
         *,
         secret: str = "test",
-        protocol: Protocol = "native",
+        protocol: WireProtocol = "native",
         name: str | None = None,
         connect_timeout_s: float = 5.0,
         refresh_interval_s: float = 5.0,
