@@ -51,7 +51,7 @@ def _run(args: list[str], node: NodeProcess, code: str) -> subprocess.CompletedP
 
 
 def test_the_examples_use_the_documented_url() -> None:
-    for name in ("curl", "producer", "consumer", "shell"):
+    for name in ("curl", "producer", "consumer", "shell", "client-api", "client-sync"):
         assert DOCUMENTED_URL in example(name)
     assert len(example("producer").strip().splitlines()) <= 12
 
@@ -62,6 +62,20 @@ def test_producer_then_consumer_example(node: NodeProcess) -> None:
     consumed = _run([sys.executable, "-c"], node, example("consumer"))
     lines = consumed.stdout.splitlines()
     assert [line.split(" ", 2)[2] for line in lines] == [f"order {i}" for i in range(1, 101)]
+
+
+def test_client_api_example(node: NodeProcess) -> None:
+    lines = _run([sys.executable, "-c"], node, example("client-api")).stdout.splitlines()
+    assert sorted(lines) == sorted(f"user-{i % 2} t{i} job {i}" for i in range(1, 7))
+    for key in ("user-0", "user-1"):  # one key, one pair: in publish order
+        of_key = [line for line in lines if line.startswith(key)]
+        assert of_key == sorted(of_key, key=lambda line: int(line.rsplit(" ", 1)[1]))
+
+
+def test_client_sync_example(node: NodeProcess) -> None:
+    lines = _run([sys.executable, "-c"], node, example("client-sync")).stdout.splitlines()
+    assert len(lines) == 2 and re.fullmatch(r"stored as [0-9a-f]{32}", lines[0])
+    assert lines[1] == "got report 1"
 
 
 def test_shell_example(node: NodeProcess) -> None:
