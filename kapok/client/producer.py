@@ -156,6 +156,7 @@ class Producer(ClientBase):
         self._drained = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._accepting = False  # started, and neither drain() nor close() began: send() takes messages
+        self._blocked = False  # a send() waits for room (max_pending)
         self._closing = False  # drain() or close() began
         self._stopped = False  # close() began: nothing more is written
 
@@ -221,7 +222,11 @@ class Producer(ClientBase):
             self._pending and self._pending_bytes + size > self.max_pending_bytes
         ):
             self._room.clear()
-            await self._room.wait()
+            self._blocked = True
+            try:
+                await self._room.wait()
+            finally:
+                self._blocked = False
             if not self._accepting:
                 raise ClientClosedError("the producer was closed")
         future: asyncio.Future[str] = self._loop.create_future()
@@ -357,15 +362,28 @@ class Producer(ClientBase):
             batch = lane.open = Batch(next(self._seq), time.monotonic() + self.publish_timeout_s)
             loop = self._loop
             if self.linger_s > 0:
-                lane.timer = loop.call_later(self.linger_s, self._seal, lane)
+                lane.timer = loop.call_later(self.linger_s, self._lingered, lane)
             else:
-                lane.timer = loop.call_soon(self._seal, lane)
+                lane.timer = loop.call_soon(self._lingered, lane)
+        elif lane.timer is None:  # its sealing was put off (see _lingered): look again
+            lane.timer = self._loop.call_soon(self._lingered, lane)
         batch.msgs.append(msg)
         batch.futures.append(future)
         batch.size += size
         lane.load += 1
         if len(batch.msgs) >= self.batch_size or batch.size >= self.batch_bytes:
             self._seal(lane)
+
+    def _lingered(self, lane: Lane) -> None:
+        """An open batch's linger is over: seal it, unless the caller is blocked on
+        ``max_pending`` while the lane has batches in flight. Then more messages come as
+        soon as a confirmation frees room, and sealing now would only send a short batch
+        (and, under steady backpressure, every batch after it would be as short): it waits
+        for the next message (``_add``) or the lane's next confirmation (``_send_batch``)."""
+        lane.timer = None
+        if self._blocked and lane.inflight and lane.open is not None:
+            return
+        self._seal(lane)
 
     def _seal(self, lane: Lane, pump: bool = True) -> None:
         if lane.timer is not None:
@@ -471,6 +489,8 @@ class Producer(ClientBase):
         finally:
             lane.inflight -= 1
             lane.load -= count  # a batch held again was counted back by Lane.hold
+            if lane.open is not None and lane.timer is None:
+                lane.timer = self._loop.call_soon(self._lingered, lane)
             self._pump(lane)
 
     def _split(self, lane: Lane, batch: Batch) -> None:
