@@ -56,7 +56,7 @@ import secrets
 import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal, Self, Unpack
+from typing import Any, Literal, Self, TypedDict, Unpack
 
 from kapok.client.balance import make_balancer
 from kapok.client.base import ClientBase, ClientOptions
@@ -80,7 +80,7 @@ from kapok.errors import (
 )
 from kapok.tasks import spawn
 
-__all__ = ["Balance", "Producer"]
+__all__ = ["Balance", "Producer", "SendOptions"]
 
 log = logging.getLogger("kapok.client")
 
@@ -89,6 +89,19 @@ Balance = Literal["random", "p2c", "key"]
 _CLOSE_WAIT_S = 0.25  # close() waits this long for connections to close politely, then cuts them
 _SERIAL_S = 1.0  # after a rate-limit refusal, a lane sends one batch at a time this long
 _CLOSED = "the producer was closed before a node confirmed the message"
+
+
+class SendOptions(TypedDict, total=False):
+    """The keywords of ``Producer.send`` and ``Producer.publish``."""
+
+    topic: str | None
+    key: str
+    priority: int
+    delay_s: float
+    deliver_at: float
+    ttl_s: float
+    dedup_id: str | None
+    headers: Mapping[str, str] | None
 
 
 class Producer(ClientBase):
@@ -162,25 +175,10 @@ class Producer(ClientBase):
 
     # ------------------------------------------------------------ public API
 
-    async def publish(
-        self,
-        data: bytes | str,
-        *,
-        topic: str | None = None,
-        key: str = "",
-        priority: int = 0,
-        delay_s: float = 0.0,
-        deliver_at: float = 0.0,
-        ttl_s: float = 0.0,
-        dedup_id: str | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> str:
-        """Publish one message and return its code once a node has confirmed it."""
-        future = await self.send(
-            data, topic=topic, key=key, priority=priority, delay_s=delay_s, deliver_at=deliver_at,
-            ttl_s=ttl_s, dedup_id=dedup_id, headers=headers,
-        )  # fmt: skip
-        return await future
+    async def publish(self, data: bytes | str, **fields: Unpack[SendOptions]) -> str:
+        """Publish one message and return its code once a node has confirmed it (the
+        keywords are ``send``'s)."""
+        return await (await self.send(data, **fields))
 
     async def send(
         self,

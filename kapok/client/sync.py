@@ -37,13 +37,13 @@ import concurrent.futures
 import contextlib
 import functools
 import threading
-from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from types import TracebackType
-from typing import Any, Generic, Required, Self, TypedDict, TypeVar, Unpack
+from typing import Any, Generic, Required, Self, TypeVar, Unpack
 
 from kapok.client.base import ClientOptions
 from kapok.client.consumer import Consumer, Message
-from kapok.client.producer import Balance, Producer
+from kapok.client.producer import Balance, Producer, SendOptions
 from kapok.client.session import AckMode
 from kapok.client.stats import Stats
 from kapok.errors import ClientClosedError
@@ -84,19 +84,6 @@ class ConsumerOptions(ClientOptions, total=False):
     weight: int | None
     max_buffered: int
     max_buffered_bytes: int
-
-
-class SendOptions(TypedDict, total=False):
-    """The keywords of ``Producer.send`` and ``Producer.publish``."""
-
-    topic: str | None
-    key: str
-    priority: int
-    delay_s: float
-    deliver_at: float
-    ttl_s: float
-    dedup_id: str | None
-    headers: Mapping[str, str] | None
 
 
 class _LoopThread:

@@ -159,3 +159,9 @@ async def test_p2c_spreads_by_what_the_producer_measures(slow_b: float) -> None:
         assert shares["b"] < 0.2, shares
     else:
         assert all(0.28 < share < 0.39 for share in shares.values()), shares
+
+
+@pytest.mark.parametrize("seed", ["127.0.0.1:8011", "", "ws://127.0.0.1:8011"])
+def test_a_bad_seed_fails_when_the_client_is_made_before_anything_opens(seed: str) -> None:
+    with pytest.raises(ValueError, match="seed"):
+        Producer(seed, topic="t")
