@@ -48,7 +48,6 @@ Theory of operation.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import itertools
 import logging
@@ -56,12 +55,12 @@ import secrets
 import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal, Self, TypedDict, Unpack
+from typing import Any, Literal, Self, Unpack
 
 from kapok.client.balance import make_balancer
 from kapok.client.base import ClientBase, ClientOptions
-from kapok.client.kapokmq import compat_frame
 from kapok.client.lanes import Batch, Lane, costs
+from kapok.client.outgoing import SendOptions, message_object, too_large
 from kapok.client.session import NodeSession
 from kapok.client.stats import Status
 from kapok.errors import (
@@ -69,7 +68,6 @@ from kapok.errors import (
     ClientClosedError,
     ConnectionLostError,
     KapokError,
-    MessageTooLargeError,
     ProtocolError,
     PublishTimeoutError,
     QueueFullError,
@@ -89,19 +87,6 @@ Balance = Literal["random", "p2c", "key"]
 _CLOSE_WAIT_S = 0.25  # close() waits this long for connections to close politely, then cuts them
 _SERIAL_S = 1.0  # after a rate-limit refusal, a lane sends one batch at a time this long
 _CLOSED = "the producer was closed before a node confirmed the message"
-
-
-class SendOptions(TypedDict, total=False):
-    """The keywords of ``Producer.send`` and ``Producer.publish``."""
-
-    topic: str | None
-    key: str
-    priority: int
-    delay_s: float
-    deliver_at: float
-    ttl_s: float
-    dedup_id: str | None
-    headers: Mapping[str, str] | None
 
 
 class Producer(ClientBase):
@@ -208,7 +193,7 @@ class Producer(ClientBase):
         ):  # fmt: skip
             size = len(data) if data.isascii() else len(data.encode())
             if size > self.max_message_bytes:
-                raise self._too_large(size)
+                raise too_large(size, self.max_message_bytes)
             if self.dedup:
                 msg = {"data": data, "dedup_id": f"{self._dedup_prefix}{next(self._dedup_seq)}"}
             else:
@@ -245,42 +230,19 @@ class Producer(ClientBase):
         self, data: bytes | str, topic: str | None, key: str, priority: int, delay_s: float,
         deliver_at: float, ttl_s: float, dedup_id: str | None, headers: Mapping[str, str] | None,
     ) -> tuple[dict[str, Any], int]:  # fmt: skip
-        """A message object for the wire, and its payload's size in bytes."""
-        msg: dict[str, Any]
+        """``send``'s other cases: another topic, bytes, options."""
         if topic is None or topic == self.topic:
             if self.topic is None:
                 raise ValueError("no topic: pass topic= to send() or to the Producer")
-            msg = {}
-        elif topic:
-            msg = {"topic": topic}
-        else:
+            topic = None  # the frame's
+        elif not topic:
             raise ValueError("the topic must not be empty")
-        if isinstance(data, str):
-            text = str(data)
-            msg["data"] = text
-            size = len(text) if text.isascii() else len(text.encode())
-        else:
-            size = len(data)
-            try:
-                msg["data"] = data.decode()
-            except UnicodeDecodeError:
-                msg["data"] = base64.b64encode(data).decode()
-                msg["enc"] = "base64"
-        if size > self.max_message_bytes:
-            raise self._too_large(size)
-        if key or priority or delay_s or deliver_at or ttl_s or headers:
-            options = {"key": key, "priority": priority, "delay_s": delay_s, "deliver_at": deliver_at,
-                       "ttl_s": ttl_s, "headers": dict(headers) if headers else None}  # fmt: skip
-            msg.update((name, value) for name, value in options.items() if value)
-        if dedup_id or self.dedup:
-            msg["dedup_id"] = dedup_id or f"{self._dedup_prefix}{next(self._dedup_seq)}"
-        if self.protocol == "kapokmq":
-            compat_frame(msg)  # what KapokMQ cannot carry fails here, not in a batch
-        return msg, size
-
-    def _too_large(self, size: int) -> MessageTooLargeError:
-        limit = self.max_message_bytes
-        return MessageTooLargeError(f"message of {size} bytes is over max_message_bytes ({limit})")
+        if not dedup_id and self.dedup:
+            dedup_id = f"{self._dedup_prefix}{next(self._dedup_seq)}"
+        return message_object(
+            data, topic, key, priority, delay_s, deliver_at, ttl_s, dedup_id, headers,
+            max_bytes=self.max_message_bytes, kapokmq=self.protocol == "kapokmq",
+        )  # fmt: skip
 
     async def flush(self) -> None:
         """Send what is batched now and wait until every message is confirmed or failed."""
