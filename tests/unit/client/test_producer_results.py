@@ -165,3 +165,16 @@ async def test_p2c_spreads_by_what_the_producer_measures(slow_b: float) -> None:
 def test_a_bad_seed_fails_when_the_client_is_made_before_anything_opens(seed: str) -> None:
     with pytest.raises(ValueError, match="seed"):
         Producer(seed, topic="t")
+
+
+async def test_lifecycle_callbacks_follow_a_lost_and_regained_connection() -> None:
+    cluster = FakeCluster("a")
+    events: list[str] = []
+    with cluster.serving():
+        down, up = (lambda: events.append("down")), (lambda: events.append("up"))
+        async with _producer(cluster, on_disconnected=down, on_reconnected=up) as producer:
+            await producer.publish("first")
+            cluster.nodes["a"].break_after_store = 1  # the next batch is stored, its answer lost
+            await producer.publish("second")  # resent on a new connection, stored once
+    assert events == ["down", "up"]
+    assert cluster.nodes["a"].data == ["first", "second"]
