@@ -362,8 +362,8 @@ class Consumer(ClientBase):
             self._update_status()
             self._changed.set()
             self._report(error, in_get=fatal or self._nothing_deliverable(now))
-            if fatal:
-                log.warning("%s: feed from %s stopped: %s", self.name, member.name, error)
+            if fatal:  # reported above (on_error, or raised by start() / get()): not logged twice
+                log.info("%s: feed from %s stopped: %s", self.name, member.name, error)
                 return
             self.want_refresh()
             delay = self.backoff(feed.failures)

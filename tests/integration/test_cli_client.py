@@ -40,11 +40,18 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _interruptible() -> None:
+    """In the child before it runs: SIGINT as a terminal gives it. A command started in the
+    background by a non-interactive shell (as CI may run the tests) inherits SIGINT ignored,
+    and Python then installs no KeyboardInterrupt, and like any Unix tool it would not stop."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @contextlib.asynccontextmanager
 async def kapok(*args: str, cwd: Path) -> AsyncIterator[asyncio.subprocess.Process]:
     """``python -m kapok ARGS`` with pipes on all three streams; killed if still running at the end."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kapok", *args, cwd=cwd, env=_env(),
+        sys.executable, "-m", "kapok", *args, cwd=cwd, env=_env(), preexec_fn=_interruptible,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
