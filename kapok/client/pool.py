@@ -71,8 +71,8 @@ class SessionPool:
         """Close every connection (their users see them end) and the pool's HTTP client."""
         shared, self._shared = list(self._shared.values()), {}
         for one in shared:
-            one.users = 1
-            await self._give_back(None, one)
+            one.users = 0  # its users' later give-backs find it ended already
+            await self._end(one)
         if self._http is not None:
             await self._http.close()
             self._http = None
@@ -93,12 +93,17 @@ class SessionPool:
             raise
         return Lease(session, lambda: self._give_back(key, shared))
 
-    async def _give_back(self, key: PoolKey | None, shared: _Shared) -> None:
+    async def _give_back(self, key: PoolKey, shared: _Shared) -> None:
         shared.users -= 1
         if shared.users:
             return
-        if key is not None and self._shared.get(key) is shared:
+        if self._shared.get(key) is shared:
             del self._shared[key]
+        await self._end(shared)
+
+    @staticmethod
+    async def _end(shared: _Shared) -> None:
+        """Close a shared connection (or stop its opening)."""
         if not shared.opening.done():
             shared.opening.cancel()
         with contextlib.suppress(BaseException):

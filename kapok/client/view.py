@@ -55,6 +55,11 @@ def _number(row: Mapping[str, Any], name: str) -> float:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
+def _pair_of(row: Mapping[str, Any], name: str, role: str) -> str:
+    """A row's pair identity (see the module's docstring for rows that predate ``pair_id``)."""
+    return _text(row, "pair_id") or (name if role == "master" else (_text(row, "pair") or name))
+
+
 def members_from_nodes(rows: Iterable[Any]) -> list[Member]:
     """The live, active members of a ``/cluster/nodes`` answer; malformed rows are skipped."""
     out = []
@@ -67,7 +72,7 @@ def members_from_nodes(rows: Iterable[Any]) -> list[Member]:
         name, url = _text(row, "name"), _text(row, "http_url").rstrip("/")
         if active is not True or not name or not url.startswith(("http://", "https://")):
             continue
-        pair = _text(row, "pair_id") or (name if role == "master" else (_text(row, "pair") or name))
+        pair = _pair_of(row, name, role)
         epoch = row.get("epoch")
         epoch = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else 0
         out.append(Member(name, url, pair, epoch, _number(row, "load"), role))
@@ -80,8 +85,7 @@ def live_pairs(rows: Iterable[Any]) -> set[str]:
     out = set()
     for row in rows:
         if isinstance(row, dict) and row.get("state") in _LIVE:
-            name, role = _text(row, "name"), _text(row, "role") or "master"
-            pair = _text(row, "pair_id") or (name if role == "master" else (_text(row, "pair") or name))
+            pair = _pair_of(row, _text(row, "name"), _text(row, "role") or "master")
             if pair:
                 out.add(pair)
     return out

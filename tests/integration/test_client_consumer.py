@@ -141,34 +141,30 @@ async def test_a_refused_subscription_is_reported_with_the_nodes_error(stand_in:
     assert isinstance(errors[0], NotActiveError) and "passive slave" in str(errors[0])
 
 
-async def test_get_raises_once_every_feed_keeps_failing_and_no_on_error_is_set(stand_in: StandIn) -> None:
-    connections = 0
+class FirstSubscribesThenAllClose:
+    """A stand-in node's ``/v1/ws``: the first connection subscribes, then every one closes."""
 
-    async def first_subscribes_then_all_close(ws: web.WebSocketResponse) -> None:
-        nonlocal connections
-        connections += 1
-        if connections == 1:
+    def __init__(self) -> None:
+        self.connections = 0
+
+    async def __call__(self, ws: web.WebSocketResponse) -> None:
+        self.connections += 1
+        if self.connections == 1:
             await subok(ws)
         await ws.close()
 
-    url = await stand_in(first_subscribes_then_all_close)
+
+async def test_get_raises_once_every_feed_keeps_failing_and_no_on_error_is_set(stand_in: StandIn) -> None:
+    node = FirstSubscribesThenAllClose()
+    url = await stand_in(node)
     async with Consumer(url, topic="t", **FAST) as consumer:
         with pytest.raises(ConnectionLostError, match=NAME):
             await consumer.get(T)
-        assert connections >= 2
+        assert node.connections >= 2
 
 
 async def test_with_on_error_set_get_keeps_waiting_while_the_errors_are_reported(stand_in: StandIn) -> None:
-    connections = 0
-
-    async def first_subscribes_then_all_close(ws: web.WebSocketResponse) -> None:
-        nonlocal connections
-        connections += 1
-        if connections == 1:
-            await subok(ws)
-        await ws.close()
-
-    url = await stand_in(first_subscribes_then_all_close)
+    url = await stand_in(FirstSubscribesThenAllClose())
     errors: list[KapokError] = []
     async with Consumer(url, topic="t", on_error=errors.append, **FAST) as consumer:
         await eventually(lambda: len(errors) >= 3, what="three failed attempts reported")

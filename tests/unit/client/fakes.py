@@ -149,8 +149,9 @@ class FakeSession:
 
 
 class FakeCluster:
-    def __init__(self, *names: str) -> None:
+    def __init__(self, *names: str, session: type[FakeSession] = FakeSession) -> None:
         self.nodes = {n: FakeNode(n) for n in names}
+        self.session_type = session
 
     async def connect(self, member: Member) -> FakeSession:
         node = self.nodes[member.name]
@@ -158,7 +159,7 @@ class FakeCluster:
             raise ConnectionLostError(f"cannot connect to {node.name}", False)
         if node.passive:
             raise NotActiveError(f"{node.name} is a passive slave")
-        session = FakeSession(node, member)
+        session = self.session_type(node, member)
         node.sessions.append(session)
         return session
 

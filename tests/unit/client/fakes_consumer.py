@@ -14,7 +14,7 @@ from tests.unit.client.fakes import FakeCluster, FakeNode, FakeSession
 
 from kapok.client.session import Deliver, SubSpec
 from kapok.client.view import Member
-from kapok.errors import ConnectionLostError, KapokError, NotActiveError, SubscriptionError
+from kapok.errors import ConnectionLostError, KapokError, SubscriptionError
 
 
 class ConfirmingSession(FakeSession):
@@ -52,15 +52,4 @@ class HangingSession(FakeSession):
 
 class ApiCluster(FakeCluster):
     def __init__(self, *names: str, session: type[FakeSession] = ConfirmingSession) -> None:
-        super().__init__(*names)
-        self.session_type = session
-
-    async def connect(self, member: Member) -> FakeSession:
-        node = self.nodes[member.name]
-        if node.refuse:
-            raise ConnectionLostError(f"cannot connect to {node.name}", False)
-        if node.passive:
-            raise NotActiveError(f"{node.name} is a passive slave")
-        session = self.session_type(node, member)
-        node.sessions.append(session)
-        return session
+        super().__init__(*names, session=session)
