@@ -155,7 +155,6 @@ class Producer(ClientBase):
         self._tasks: set[asyncio.Task[None]] = set()
         self._accepting = False  # started, and neither drain() nor close() began: send() takes messages
         self._blocked = False  # a send() waits for room (max_pending)
-        self._closing = False  # drain() or close() began
         self._stopped = False  # close() began: nothing more is written
 
     # ------------------------------------------------------------ public API
@@ -256,7 +255,7 @@ class Producer(ClientBase):
         then close: what is unconfirmed by then fails with ``ClientClosedError``."""
         if self.status is Status.CLOSED:
             return
-        self._closing, self._accepting = True, False
+        self._accepting = False
         try:
             if self.status is not Status.NEW:
                 with contextlib.suppress(TimeoutError):
@@ -270,8 +269,7 @@ class Producer(ClientBase):
         written and not yet answered may still have been stored), connections close."""
         if self.status is Status.CLOSED:
             return
-        self._closing = self._stopped = True
-        self._accepting = False
+        self._stopped, self._accepting = True, False
         for task in list(self._tasks):
             task.cancel()  # a batch in flight fails with ClientClosedError as its task ends
         connecting = [lane.connecting for lane in self._lanes.values() if lane.connecting is not None]
@@ -292,7 +290,7 @@ class Producer(ClientBase):
 
     async def start(self) -> Self:
         await super().start()
-        self._accepting = not self._closing and self.status is not Status.CLOSED
+        self._accepting = self.status is not Status.CLOSED
         return self
 
     async def __aexit__(
@@ -356,10 +354,11 @@ class Producer(ClientBase):
                 self._pump(lane)
 
     def _pump(self, lane: Lane) -> None:
-        if self._stopped or not lane.sendable(time.monotonic()):
+        now = time.monotonic()
+        if self._stopped or not lane.sendable(now):
             return
         loop = self._loop
-        limit = 1 if lane.serial_until > time.monotonic() else self.max_inflight
+        limit = 1 if lane.serial_until > now else self.max_inflight
         while lane.queue and lane.inflight < limit:
             batch = lane.queue.popleft()
             lane.inflight += 1
