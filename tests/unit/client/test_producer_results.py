@@ -12,7 +12,14 @@ import pytest
 from tests.unit.client.fakes import SEED, FakeCluster
 
 from kapok.client import Producer
-from kapok.errors import ClientClosedError, PublishTimeoutError, QueueFullError, UnavailableError
+from kapok.errors import (
+    ClientClosedError,
+    ClientError,
+    ClusterUnavailableError,
+    PublishTimeoutError,
+    QueueFullError,
+    UnavailableError,
+)
 from kapok.testing.slow import scaled
 
 FAST: dict[str, Any] = {"backoff_base_s": 0.01, "backoff_cap_s": 0.05, "refresh_interval_s": 0.1}
@@ -178,3 +185,8 @@ async def test_lifecycle_callbacks_follow_a_lost_and_regained_connection() -> No
             await producer.publish("second")  # resent on a new connection, stored once
     assert events == ["down", "up"]
     assert cluster.nodes["a"].data == ["first", "second"]
+
+
+def test_the_clients_own_unavailability_errors_are_client_errors_too() -> None:
+    for cls in (PublishTimeoutError, ClusterUnavailableError):
+        assert issubclass(cls, ClientError) and issubclass(cls, UnavailableError)
