@@ -28,6 +28,7 @@ __all__ = [
     "FrozenMap",
     "GossipTuning",
     "LogConfig",
+    "MetricsConfig",
     "MqConfig",
     "ReplicationConfig",
     "ServerConfig",
@@ -225,6 +226,7 @@ class StorageConfig:
     archive_rotate_bytes: int = _opt(64 * _MIB, lo=4096)  # archive file size before rotation
     archive_max_bytes: int = _opt(1024 * _MIB, lo=4096)  # archive files kept at most, bytes in total
     archive_max_age_s: float = _opt(7 * 86400.0, gt=0)  # archive files older than this are deleted
+    min_free_bytes: int = _opt(64 * _MIB, lo=0)  # less free space on storage.dir: publishes get storage_full
 
 
 def _overrides_of(protocol: type[Any]) -> Callable[[type[T]], type[T]]:
@@ -293,6 +295,12 @@ class ConsoleConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    require_key: bool = False  # /metrics needs the secret key (Prometheus: a bearer token)
+    max_topics: int = _opt(1000, lo=0)  # topics with series of their own; the rest are summed as one
+
+
+@dataclass(frozen=True, slots=True)
 class LogConfig:
     level: str = _opt("info", choices=("debug", "info", "warning", "error"))  # least severe level logged
     format: str = _opt("human", choices=("human", "json"))  # one readable line, or one JSON object per line
@@ -309,6 +317,7 @@ class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     @classmethod

@@ -30,7 +30,17 @@ from kapok.server.keys import (
     SERVICE,
     OpenSockets,
 )
-from kapok.server.routes import cluster_view, compat, compat_console, openapi, ops, sync, v1_http, v1_ws
+from kapok.server.routes import (
+    cluster_view,
+    compat,
+    compat_console,
+    metrics,
+    openapi,
+    ops,
+    sync,
+    v1_http,
+    v1_ws,
+)
 from kapok.server.routes.metrics import make_registry
 from kapok.server.routes.middlewares import auth_middleware, error_middleware
 from kapok.server.ws.base import frame_limit
@@ -143,6 +153,7 @@ def make_app(
         v1_ws.routes,
         v1_http.routes,
         ops.routes,
+        metrics.routes,
         cluster_view.routes,
         sync.routes,
         openapi.routes,

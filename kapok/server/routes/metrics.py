@@ -9,15 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kapok.server import aiohttp_seam
 from kapok.server.guard.clients import Clients
+from kapok.server.keys import REGISTRY
 from kapok.service import BrokerService
 
-__all__ = ["make_registry"]
+__all__ = ["make_registry", "routes"]
+
+routes = web.RouteTableDef()
 
 _COUNTERS = {
     "published": "Messages accepted from producers (duplicates excluded)",
@@ -105,6 +109,12 @@ def _hooks_missing() -> Metric:
         if not hook.required:
             gauge.add_metric([hook.name], 1 if hook.name in missing else 0)
     return gauge
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[REGISTRY])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 def make_registry(service: BrokerService, clients: Clients) -> CollectorRegistry:

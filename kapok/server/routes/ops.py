@@ -1,4 +1,4 @@
-"""Operational routes: health and Prometheus metrics (the cluster view is in cluster_view.py).
+"""Operational routes: health (metrics are in metrics.py, the cluster view in cluster_view.py).
 
 These carry no message data, so they need no key (load balancers and
 scrapers call them); everything that does carry data is authenticated.
@@ -7,12 +7,11 @@ scrapers call them); everything that does carry data is authenticated.
 from __future__ import annotations
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kapok import __version__
 from kapok.replication.node import ReplicationNode
 from kapok.replication.protocol import Role
-from kapok.server.keys import CLIENTS, REGISTRY, REPLICATION, SERVICE
+from kapok.server.keys import CLIENTS, REPLICATION, SERVICE
 from kapok.server.routes.responses import json_response
 
 __all__ = ["pair_role", "routes"]
@@ -40,12 +39,6 @@ async def health(request: web.Request) -> web.Response:
             "clients": len(request.app[CLIENTS]),
         }
     )
-
-
-@routes.get("/metrics")
-async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[REGISTRY])
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 def pair_role(node: ReplicationNode) -> str:
