@@ -9,7 +9,9 @@ updates it then.
 
 Secrets (``mq.secret_key``, every ``cluster.secret``) are masked in every formatted line,
 tracebacks included. No code logs them on purpose; the mask makes sure that a future line
-(an error echoing a header, a config printed whole) cannot either. The shipped key
+(an error echoing a header, a config printed whole) cannot either. The mask ignores case
+and also covers a secret's URL-encoded forms: a library's error text may lower-case a URL
+(aiohttp does, with the ``user:secret@`` of ``replication.master``) or percent-encode it. The shipped key
 ``test`` is no secret and is left alone: masking it would mangle every topic called test.
 
 The archiver (a child process, ``kapok.storage.archiver``) does not write the log itself:
@@ -23,10 +25,12 @@ from __future__ import annotations
 import datetime
 import logging
 import logging.handlers
+import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
+from urllib.parse import quote, quote_plus
 
 import orjson
 
@@ -53,8 +57,12 @@ class NodeFormatter(logging.Formatter):
             from kapok.config import DEFAULT_SECRET_KEY
 
             kept.discard(DEFAULT_SECRET_KEY)
+        forms = {form for secret in kept for form in (secret, quote(secret, safe=""), quote_plus(secret))}
         # Longest first: a secret that contains another is masked whole.
-        self.secrets = sorted(kept, key=len, reverse=True)
+        self.secrets = sorted(forms, key=len, reverse=True)
+        self._pattern = (
+            re.compile("|".join(map(re.escape, self.secrets)), re.IGNORECASE) if self.secrets else None
+        )
 
     def format(self, record: logging.LogRecord) -> str:
         record.node = self.node
@@ -74,10 +82,7 @@ class NodeFormatter(logging.Formatter):
         return orjson.dumps(out).decode()
 
     def _mask(self, text: str) -> str:
-        for secret in self.secrets:
-            if secret in text:
-                text = text.replace(secret, MASK)
-        return text
+        return text if self._pattern is None else self._pattern.sub(MASK, text)
 
 
 class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]

@@ -70,6 +70,22 @@ def test_secrets_are_masked_in_messages_and_tracebacks(as_json: bool) -> None:
     assert "topic test" in formatter.format(record("topic test"))
 
 
+@pytest.mark.parametrize("as_json", [False, True])
+def test_secrets_are_masked_whatever_their_case_and_url_encoding(as_json: bool) -> None:
+    secret = "Pa ss/W0rd&Mixed"
+    formatter = NodeFormatter(json=as_json, node="m1", secrets=[secret, "test"])
+    # aiohttp's error text lower-cases a URL, user:secret@ of replication.master included.
+    master = f"http://kapok:{secret}@10.0.0.7:8011"
+    lowered = f"Cannot connect to host {master.lower()} ssl:default"
+    line = formatter.format(record("replication: %s; %s; %s", lowered, master.upper(), master))
+    assert secret.lower() not in line.lower()
+    assert line.count("(hidden)") == 3
+    # ... or percent-encodes it (quote, quote_plus), in any case.
+    encoded = formatter.format(record("GET /x?k=Pa%20ss%2fW0rd%26Mixed and k=PA+SS%2FW0RD%26MIXED"))
+    assert "w0rd" not in encoded.lower() and encoded.count("(hidden)") == 2
+    assert "topic TEST" in formatter.format(record("topic TEST"))  # the shipped key, still left alone
+
+
 def test_setup_logs_to_stderr_with_the_node_name_then_the_real_one(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
