@@ -3,7 +3,10 @@
 Theory of operation. The secret key is typed once into the login form (a POST body,
 never a URL, so it reaches no access log) and compared in constant time. What the
 browser holds afterwards is a random session id in a cookie (HttpOnly, SameSite=Strict,
-Path=/), never the key: no page, script or browser storage ever sees it again.
+Path=/), never the key: no page, script or browser storage ever sees it again. Every
+console cookie (the login form's too) is also ``Secure`` when the node serves TLS
+(``server.tls_cert``) or the request came over https (``cookie_flags``), so a browser
+never sends it over plain HTTP.
 
 Sessions live in this process's memory (a restart logs everyone out), at most
 ``MAX_SESSIONS`` of them, each ending after ``console.session_idle_s`` unused. Each has
@@ -30,13 +33,14 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 from urllib.parse import quote
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from kapok.errors import AuthError, CsrfError
+from kapok.server.keys import SERVICE
 from kapok.server.routes.responses import read_form
 
 __all__ = [
@@ -45,6 +49,7 @@ __all__ = [
     "Session",
     "Sessions",
     "console_guard",
+    "cookie_flags",
     "current_session",
     "safe_next",
 ]
@@ -127,6 +132,13 @@ def current_session(request: web.Request) -> Session | None:
     """The request's live session, if its cookie names one."""
     sessions = request.app[SESSIONS]
     return sessions.get(request.cookies.get(sessions.cookie))
+
+
+def cookie_flags(request: web.Request) -> dict[str, Any]:
+    """The flags of every cookie the console sets (or deletes): HttpOnly, SameSite=Strict,
+    and Secure when the node serves TLS or this request came over https."""
+    tls = bool(request.app[SERVICE].config.server.tls_cert)
+    return {"httponly": True, "samesite": "Strict", "secure": request.secure or tls}
 
 
 def safe_next(target: str | None) -> str:

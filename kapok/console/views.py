@@ -19,7 +19,7 @@ from aiohttp import web
 from kapok import __version__
 from kapok.console import figures
 from kapok.console.api import analytics_data, message_data, messages_data, overview_data
-from kapok.console.session import SESSIONS, current_session, safe_next
+from kapok.console.session import SESSIONS, cookie_flags, current_session, safe_next
 from kapok.errors import AuthBlockedError, BadRequestError, KapokError
 from kapok.server.guard.auth import check_key, key_matches
 from kapok.server.keys import SERVICE
@@ -62,8 +62,9 @@ def _login_page(request: web.Request, error: str = "", status: int = 200) -> web
     token = secrets.token_urlsafe(24)
     context = {"login_token": token, "error": error, "next": safe_next(request.query.get("next"))}
     response = _render(request, "login.html", context, status)
-    response.set_cookie(sessions.login_cookie, token, max_age=3600, path="/console/login",
-                        httponly=True, samesite="Strict")  # fmt: skip
+    response.set_cookie(
+        sessions.login_cookie, token, max_age=3600, path="/console/login", **cookie_flags(request)
+    )
     return response
 
 
@@ -88,9 +89,8 @@ async def login(request: web.Request) -> web.StreamResponse:
         return _login_page(request, "Too many wrong keys from this address; wait and try again.", 429)
     session = sessions.create()
     response = web.HTTPSeeOther(safe_next(form.get("next")))
-    response.set_cookie(sessions.cookie, session.sid, path="/", httponly=True, samesite="Strict",
-                        secure=request.secure)  # fmt: skip
-    response.del_cookie(sessions.login_cookie, path="/console/login")
+    response.set_cookie(sessions.cookie, session.sid, path="/", **cookie_flags(request))
+    response.del_cookie(sessions.login_cookie, path="/console/login", **cookie_flags(request))
     raise response
 
 
@@ -101,7 +101,7 @@ async def logout(request: web.Request) -> web.StreamResponse:
     if session is not None:
         sessions.end(session.sid)
     response = web.HTTPSeeOther("/console/login?notice=logged_out")
-    response.del_cookie(sessions.cookie, path="/")
+    response.del_cookie(sessions.cookie, path="/", **cookie_flags(request))
     raise response
 
 

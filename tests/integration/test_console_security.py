@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -14,12 +15,14 @@ from typing import Any
 
 import aiohttp
 import pytest
+import trustme
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from kapok.config import Config, load_config
 from kapok.console.session import SESSIONS
 from kapok.node.app import make_app
+from kapok.server.guard.connections import tls_context
 from kapok.server.keys import CLIENTS
 from kapok.testing.clock import ManualClock
 from kapok.testing.console import ConsoleClient as Browser
@@ -245,3 +248,53 @@ async def test_a_disabled_console_serves_nothing(
             assert resp.status == 404, path
     async with anonymous.get(node.url + "/health") as resp:
         assert resp.status == 200
+
+
+def set_cookies(resp: aiohttp.ClientResponse) -> list[str]:
+    return list(resp.headers.getall("Set-Cookie", []))
+
+
+async def test_every_console_cookie_is_secure_under_tls_and_only_then(
+    aiohttp_server: Callable[..., Awaitable[TestServer]], tmp_path: Path
+) -> None:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    key, chain = tmp_path / "key.pem", tmp_path / "cert.pem"
+    cert.private_key_pem.write_to_path(str(key))
+    chain.write_bytes(b"".join(pem.bytes() for pem in cert.cert_chain_pems))
+    client_tls = ssl.create_default_context()
+    ca.configure_trust(client_tls)
+    tls_sets = (f"server.tls_cert={chain}", f"server.tls_key={key}")
+
+    async def cookies_of_a_visit(sets: tuple[str, ...], https: bool, log_in: bool) -> list[str]:
+        """Every Set-Cookie of the login page, a login and a logout (``log_in``)."""
+        cfg = config(tmp_path / f"{len(sets)}{https}", *sets)
+        app = make_app(cfg)
+        server = await aiohttp_server(app, host="127.0.0.1", port=0, ssl=tls_context(cfg) if https else None)
+        url = f"{'https' if https else 'http'}://127.0.0.1:{server.port}"
+        async with aiohttp.ClientSession(
+            cookie_jar=cookie_jar(), connector=aiohttp.TCPConnector(ssl=client_tls)
+        ) as s:
+            async with s.get(url + "/console/login") as resp:
+                seen = set_cookies(resp)
+            if log_in:
+                b = Browser(s, url)
+                resp = await b.log_in(KEY)
+                assert resp.status == 303, await resp.text()
+                seen += set_cookies(resp)
+                async with s.post(url + "/console/logout", data={"csrf": b.csrf}, allow_redirects=False) as r:
+                    assert r.status == 303
+                    seen += set_cookies(r)
+        return seen
+
+    # Over https: the login form's cookie, the session's, and their deletions.
+    over_tls = await cookies_of_a_visit(tls_sets, https=True, log_in=True)
+    # server.tls_cert set, a request over plain HTTP all the same (a forwarded port, say): the
+    # login form's cookie is Secure, so no browser would send it back over plain HTTP.
+    configured = await cookies_of_a_visit(tls_sets, https=False, log_in=False)
+    plain = await cookies_of_a_visit((), https=False, log_in=True)
+    assert len(over_tls) == 4 and len(configured) == 1 and len(plain) == 4, (over_tls, configured, plain)
+    for cookie in over_tls + configured + plain:
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie, cookie
+    assert all("; Secure" in cookie for cookie in over_tls + configured), over_tls + configured
+    assert not any("Secure" in cookie for cookie in plain), plain
