@@ -100,16 +100,13 @@ def _build_parser() -> argparse.ArgumentParser:
     replication_commands = _group(commands, "replication", "look at or change a node's master/slave pairing")
     state = replication_commands.add_parser("state", help="the pair as one node sees it (role, epoch, lag)")
     state.add_argument("--url", required=True, help="the node's HTTP URL, e.g. http://127.0.0.1:8011")
+    _secret_option(state)
     state.set_defaults(func=_cmd_replication, action="state")
     unpair = replication_commands.add_parser(
         "unpair", help="make a master forget its slave on purpose (it then confirms writes alone)"
     )
     unpair.add_argument("--url", required=True, help="the master's HTTP URL")
-    unpair.add_argument(
-        "--secret",
-        default=os.environ.get("KAPOK_SECRET", "test"),
-        help="the node's mq.secret_key (default: $KAPOK_SECRET, else test)",
-    )
+    _secret_option(unpair)
     unpair.set_defaults(func=_cmd_replication, action="unpair")
     promote = replication_commands.add_parser(
         "promote", help="make a slave lead its pair now (its master is gone for good)"
@@ -118,11 +115,7 @@ def _build_parser() -> argparse.ArgumentParser:
     promote.add_argument(
         "--force", action="store_true", help="even a slave that was not in sync (may lose confirmed writes)"
     )
-    promote.add_argument(
-        "--secret",
-        default=os.environ.get("KAPOK_SECRET", "test"),
-        help="the node's mq.secret_key (default: $KAPOK_SECRET, else test)",
-    )
+    _secret_option(promote)
     promote.set_defaults(func=_cmd_replication, action="promote")
 
     secret_note = (
@@ -405,6 +398,14 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _secret_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--secret",
+        default=os.environ.get("KAPOK_SECRET", "test"),
+        help="the node's mq.secret_key (default: $KAPOK_SECRET, else test)",
+    )
+
+
 def _group(commands: _Commands, name: str, help: str) -> _Commands:
     """A command with subcommands of its own (``kapok cluster nodes``)."""
     group = commands.add_parser(name, help=help)
@@ -516,7 +517,7 @@ def _cmd_replication(args: argparse.Namespace) -> int:
         path = "/replication/promote" + ("?force=true" if args.force else "")
         state = fetch_json(args.url, path, method="POST", key=args.secret)
     else:
-        state = fetch_json(args.url, "/replication/state")
+        state = fetch_json(args.url, "/replication/state", key=args.secret)
     print(json.dumps(state, indent=2))
     return 0
 

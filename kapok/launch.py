@@ -293,12 +293,16 @@ def stop_all(nodes: Sequence[NodeProcess]) -> None:
         node.stop()
 
 
-def get_json(node: NodeProcess | str, path: str, timeout_s: float = 2.0) -> Any:
-    """``GET <node URL><path>`` of a route that needs no key (``/health``, ``/cluster/nodes``,
-    ``/replication/state``), its JSON body; None when the node does not answer."""
+def get_json(node: NodeProcess | str, path: str, timeout_s: float = 2.0, *, key: str | None = None) -> Any:
+    """``GET <node URL><path>``, its JSON body; None when the node does not answer. Routes
+    such as ``/health`` and ``/cluster/nodes`` need no key; ``/replication/state`` needs
+    ``key`` (the node's ``mq.secret_key``, sent as a bearer token)."""
     url = node if isinstance(node, str) else node.url
+    headers = {} if key is None else {"Authorization": f"Bearer {key}"}
     try:
-        with urllib.request.urlopen(url + path, timeout=timeout_s) as response:
+        with urllib.request.urlopen(
+            urllib.request.Request(url + path, headers=headers), timeout=timeout_s
+        ) as response:
             return json.loads(response.read())
     except (OSError, ValueError):
         return None

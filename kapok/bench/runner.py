@@ -117,7 +117,7 @@ def _start_slave(h: Harness, master: LocalNode, fsync: str, mode: str) -> LocalN
             f"replication.mode={mode}"]  # fmt: skip
     slave = LocalNode(fsync, sets)
     try:
-        while not (get_json(master.http_url, "/replication/state") or {}).get("link_up"):
+        while not (get_json(master.http_url, "/replication/state", key=h.options.key) or {}).get("link_up"):
             if time.monotonic() > h.deadline:
                 raise CaseFailed("the slave did not connect to its master")
             time.sleep(0.05)

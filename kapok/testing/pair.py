@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kapok.config import DEFAULT_SECRET_KEY
 from kapok.launch import NodeProcess, cluster_sets, get_json, start_node, stop_all, wait_for
 from kapok.testing.slow import scaled
 
@@ -55,7 +56,8 @@ def start_pair(
     return master, slave
 
 
-def state_of(node: NodeProcess | str) -> dict[str, Any]:
-    """``GET /replication/state`` of a node; {} when it does not answer."""
-    state: dict[str, Any] = get_json(node, "/replication/state") or {}
+def state_of(node: NodeProcess | str, key: str = DEFAULT_SECRET_KEY) -> dict[str, Any]:
+    """``GET /replication/state`` of a node (with its ``mq.secret_key``); {} when it does not
+    answer or refuses the key."""
+    state: dict[str, Any] = get_json(node, "/replication/state", key=key) or {}
     return state

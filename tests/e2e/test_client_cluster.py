@@ -253,5 +253,5 @@ async def test_the_client_follows_a_takeover_to_the_slave(tmp_path: Path) -> Non
 
 
 def _paired(url: str) -> bool:
-    state = get_json(url, "/replication/state") or {}
+    state = get_json(url, "/replication/state", key="test") or {}
     return bool(state.get("link_up")) and state.get("role") == "leader"

@@ -138,7 +138,7 @@ def test_a_slave_with_the_wrong_key_says_so_and_locks_nobody_out(tmp_path: Path)
         nodes.append(slave)
         refused = "the master refused our key: check mq.secret_key"
         wait_for(lambda: _lines(slave, refused) >= 1, DEADLINE_S, 0.1)
-        wait_for(lambda: state_of(slave).get("link") == "refused (wrong key)", DEADLINE_S, 0.1)
+        wait_for(lambda: state_of(slave, "tset").get("link") == "refused (wrong key)", DEADLINE_S, 0.1)
         # Clients with the right key on the same address are served all along.
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline:
@@ -197,14 +197,14 @@ def test_a_wildcard_host_gives_out_the_advertised_url_and_a_restart_keeps_replic
         slave = start_node(tmp_path / "s", *sets)
         nodes.append(slave)
         slave_url = slave.url.replace("0.0.0.0", "127.0.0.1")
-        wait_for(lambda: state_of(master_url).get("partner") == "s", DEADLINE_S, 0.05)
+        wait_for(lambda: state_of(master_url, key).get("partner") == "s", DEADLINE_S, 0.05)
         for node in (master, slave):
             assert "0.0.0.0" not in str(_saved(node)["partner_url"]), _saved(node)
         port = slave_url.rsplit(":", 1)[1]
         slave.stop()
         back = start_node(tmp_path / "s", *sets, f"server.port={port}")
         nodes.append(back)
-        wait_for(lambda: state_of(master_url).get("link_up") is True, DEADLINE_S, 0.05)
+        wait_for(lambda: state_of(master_url, key).get("link_up") is True, DEADLINE_S, 0.05)
         status, body = publish(master_url, "after the restart", key=key)
         assert status == 200, body
         assert _lines(back, "sync link to http://0.0.0.0") == 0

@@ -1,27 +1,70 @@
-"""Prometheus metrics, read from the service at scrape time.
+"""Prometheus metrics, read from the service at scrape time, at a cost bounded whatever the
+number of topics and of scrapers.
 
-Nothing is counted twice on the hot path: the broker keeps plain integer
-counters and this collector turns them into metric families when
-``/metrics`` is scraped.
+Nothing is counted twice on the hot path: the broker keeps plain integer counters, and a
+scrape turns them into text. That text grows with the topics, so a scrape is built in
+three steps, and only the cheap ones run on the event loop:
+
+* on the loop, the node-wide families (the registry's collectors: a few dozen series
+  whatever the load) and a snapshot of the per-topic numbers as plain tuples
+  (``snapshot_topics``): the ``metrics.max_topics`` topics with the most live messages
+  (ties by name) keep series of their own, the others are summed into one series labelled
+  ``topic="(other topics)"`` (a name with a space: no topic can have it) and counted by
+  ``kapok_metrics_topics_folded``;
+* in a worker thread, the text (``prometheus_client.generate_latest``) from those;
+* the body is then served again to every scrape for ``MAX_AGE_S``, and scrapes that come
+  while a render runs wait for that one (single flight): at most one render a second,
+  however many scrapers poll. A render that cost less than ``CHEAP_RENDER_S`` of CPU (a
+  node with few topics) is not reused: such a scrape costs what any small request costs,
+  and its numbers are always current. ``kapok_metrics_renders_total`` counts the renders.
+
+With ``metrics.require_key`` the route wants ``Authorization: Bearer <mq.secret_key>``
+(what Prometheus sends with ``authorization: {credentials: ...}``), checked like every
+other key, so wrong keys are throttled; a refused scrape never renders.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import dataclasses
+import heapq
+import math
+import time
+from collections.abc import Iterable, Iterator, Sequence
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kapok.core.topics import Topic
+from kapok.errors import AuthError
 from kapok.server import aiohttp_seam
+from kapok.server.guard.auth import bearer_token, check_key
 from kapok.server.guard.clients import Clients
-from kapok.server.keys import REGISTRY
+from kapok.server.keys import REGISTRY, SERVICE
 from kapok.service import BrokerService
 
-__all__ = ["make_registry", "routes"]
+__all__ = [
+    "ALL_GROUPS",
+    "CHEAP_RENDER_S",
+    "MAX_AGE_S",
+    "OTHER_TOPICS",
+    "MetricsRegistry",
+    "RenderCache",
+    "TopicRow",
+    "TopicSnapshot",
+    "make_registry",
+    "routes",
+    "snapshot_topics",
+]
 
 routes = web.RouteTableDef()
+
+MAX_AGE_S = 1.0  # a rendered body is served again for this long: at most one render a second
+CHEAP_RENDER_S = 0.005  # CPU seconds: a render cheaper than this is not reused (always current)
+OTHER_TOPICS = "(other topics)"  # the folded topics' label: a space, so never a topic's name
+ALL_GROUPS = "(all groups)"  # the group label of the folded topics' summed group series
 
 _COUNTERS = {
     "published": "Messages accepted from producers (duplicates excluded)",
@@ -39,10 +82,180 @@ _COUNTERS = {
 }
 
 
-class _ServiceCollector(Collector):
+# ---------------------------------------------------------------- the per-topic snapshot
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TopicRow:
+    """One topic's numbers; ``groups`` holds (group, ready, inflight, consumers)."""
+
+    name: str
+    live: int
+    live_bytes: int
+    delayed: int
+    groups: tuple[tuple[str, int, int, int], ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TopicSnapshot:
+    """The topics with series of their own (by name), the others summed as one row, and
+    how many those are."""
+
+    rows: tuple[TopicRow, ...]
+    other: TopicRow | None
+    folded: int
+
+
+def _row(topic: Topic) -> TopicRow:
+    groups = tuple(
+        (g.name, g.ready_count, g.inflight_count(), g.consumer_count()) for g in topic.groups.values()
+    )
+    return TopicRow(topic.name, topic.live_count, topic.live_bytes, topic.delayed_count, groups)
+
+
+def snapshot_topics(topics: Sequence[Topic], limit: int) -> TopicSnapshot:
+    """The ``limit`` topics with the most live messages (ties by name) row by row; the
+    others summed into one ``OTHER_TOPICS`` row whose one group sums all their groups."""
+    if len(topics) <= limit:
+        return TopicSnapshot(tuple(sorted((_row(t) for t in topics), key=lambda r: r.name)), None, 0)
+    kept = heapq.nsmallest(limit, topics, key=lambda t: (-t.live_count, t.name))
+    ids = {id(t) for t in kept}
+    live = live_bytes = delayed = ready = inflight = consumers = 0
+    for topic in topics:
+        if id(topic) in ids:
+            continue
+        live += topic.live_count
+        live_bytes += topic.live_bytes
+        delayed += topic.delayed_count
+        for group in topic.groups.values():
+            ready += group.ready_count
+            inflight += group.inflight_count()
+            consumers += group.consumer_count()
+    other = TopicRow(OTHER_TOPICS, live, live_bytes, delayed, ((ALL_GROUPS, ready, inflight, consumers),))
+    rows = tuple(sorted((_row(t) for t in kept), key=lambda r: r.name))
+    return TopicSnapshot(rows, other, len(topics) - len(kept))
+
+
+def topic_families(snapshot: TopicSnapshot) -> list[Metric]:
+    """The per-topic metric families of a snapshot (runs in the render thread)."""
+    pair = ["topic", "group"]
+    ready = GaugeMetricFamily("kapok_group_ready", "Ready messages per group", labels=pair)
+    inflight = GaugeMetricFamily("kapok_group_inflight", "Unacked deliveries per group", labels=pair)
+    consumers = GaugeMetricFamily("kapok_group_consumers", "Consumers per group", labels=pair)
+    live = GaugeMetricFamily("kapok_topic_live", "Unfinished messages per topic", labels=["topic"])
+    live_bytes = GaugeMetricFamily(
+        "kapok_topic_live_bytes", "Payload bytes of unfinished messages", labels=["topic"]
+    )
+    delayed = GaugeMetricFamily("kapok_topic_delayed", "Delayed entries per topic", labels=["topic"])
+    rows = snapshot.rows if snapshot.other is None else (*snapshot.rows, snapshot.other)
+    for row in rows:
+        live.add_metric([row.name], row.live)
+        live_bytes.add_metric([row.name], row.live_bytes)
+        delayed.add_metric([row.name], row.delayed)
+        for group, n_ready, n_inflight, n_consumers in row.groups:
+            labels = [row.name, group]
+            ready.add_metric(labels, n_ready)
+            inflight.add_metric(labels, n_inflight)
+            consumers.add_metric(labels, n_consumers)
+    folded = GaugeMetricFamily(
+        "kapok_metrics_topics_folded",
+        f"Topics past metrics.max_topics, summed under topic={OTHER_TOPICS!r}",
+        value=snapshot.folded,
+    )
+    return [ready, inflight, consumers, live, live_bytes, delayed, folded]
+
+
+# ---------------------------------------------------------------- when to render
+
+
+class RenderCache:
+    """Whether a scrape may be answered with the last body (pure: the caller gives the
+    clock). A body is reused while younger than ``MAX_AGE_S``, unless it cost less than
+    ``CHEAP_RENDER_S`` of CPU to make."""
+
+    def __init__(self) -> None:
+        self.body: bytes | None = None
+        self.taken_at = -math.inf  # loop time of the body's snapshot
+        self.cost_s = 0.0  # CPU seconds the last render took (loop and thread)
+        self.renders = 0
+
+    def reusable(self, now: float) -> bytes | None:
+        if self.body is None or self.cost_s < CHEAP_RENDER_S or now - self.taken_at >= MAX_AGE_S:
+            return None
+        return self.body
+
+    def started(self) -> None:
+        self.renders += 1
+
+    def finished(self, body: bytes, taken_at: float, cost_s: float) -> None:
+        self.body, self.taken_at, self.cost_s = body, taken_at, cost_s
+
+
+class _Families(Collector):
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families
+
+
+def _render_text(families: list[Metric], topics: TopicSnapshot) -> tuple[bytes, float]:
+    """The exposition text and the CPU seconds it took (in the worker thread)."""
+    cpu0 = time.thread_time()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families([*families, *topic_families(topics)]))
+    return generate_latest(registry), time.thread_time() - cpu0
+
+
+class MetricsRegistry(CollectorRegistry):
+    """The node's registry (node-wide families, whoever registers them) and the driver of
+    its scrapes: snapshot on the loop, render in a thread, one render at a time, reused."""
+
     def __init__(self, service: BrokerService, clients: Clients) -> None:
+        super().__init__(auto_describe=False)
+        self.service = service
+        self.cache = RenderCache()
+        self._pending: asyncio.Task[bytes] | None = None
+        self.register(_ServiceCollector(service, clients, self.cache))
+
+    async def body(self) -> bytes:
+        """The exposition text: the last one while reusable, else the render under way (or a new one)."""
+        loop = asyncio.get_running_loop()
+        body = self.cache.reusable(loop.time())
+        if body is not None:
+            return body
+        if self._pending is None:
+            self._pending = task = loop.create_task(self._render())
+            task.add_done_callback(self._rendered)
+        return await asyncio.shield(self._pending)  # a scraper that leaves cancels only its wait
+
+    def _rendered(self, task: asyncio.Task[bytes]) -> None:
+        if self._pending is task:
+            self._pending = None
+        if not task.cancelled():
+            task.exception()  # retrieved: the waiters (if any are left) get it too
+
+    async def _render(self) -> bytes:
+        taken_at = asyncio.get_running_loop().time()
+        cpu0 = time.thread_time()
+        self.cache.started()
+        families = list(self.collect())  # small and fixed; collectors read loop-owned state
+        topics = list(self.service.broker.topics.values())
+        snapshot = snapshot_topics(topics, self.service.config.metrics.max_topics)
+        loop_cost = time.thread_time() - cpu0
+        body, thread_cost = await asyncio.to_thread(_render_text, families, snapshot)
+        self.cache.finished(body, taken_at, loop_cost + thread_cost)
+        return body
+
+
+# ---------------------------------------------------------------- node-wide families
+
+
+class _ServiceCollector(Collector):
+    def __init__(self, service: BrokerService, clients: Clients, cache: RenderCache) -> None:
         self.service = service
         self.clients = clients
+        self.cache = cache
 
     def collect(self) -> Iterator[Metric]:
         service = self.service
@@ -58,28 +271,6 @@ class _ServiceCollector(Collector):
         auth = CounterMetricFamily("kapok_auth_failures", "Wrong or missing secret keys")
         auth.add_metric([], self.clients.auth_failures)
         yield auth
-        ready = GaugeMetricFamily("kapok_group_ready", "Ready messages per group", labels=["topic", "group"])
-        inflight = GaugeMetricFamily(
-            "kapok_group_inflight", "Unacked deliveries per group", labels=["topic", "group"]
-        )
-        consumers = GaugeMetricFamily(
-            "kapok_group_consumers", "Consumers per group", labels=["topic", "group"]
-        )
-        live = GaugeMetricFamily("kapok_topic_live", "Unfinished messages per topic", labels=["topic"])
-        live_bytes = GaugeMetricFamily(
-            "kapok_topic_live_bytes", "Payload bytes of unfinished messages", labels=["topic"]
-        )
-        delayed = GaugeMetricFamily("kapok_topic_delayed", "Delayed entries per topic", labels=["topic"])
-        for topic in service.broker.topics.values():
-            live.add_metric([topic.name], topic.live_count)
-            live_bytes.add_metric([topic.name], topic.live_bytes)
-            delayed.add_metric([topic.name], topic.delayed_count)
-            for group in topic.groups.values():
-                labels = [topic.name, group.name]
-                ready.add_metric(labels, group.ready_count)
-                inflight.add_metric(labels, group.inflight_count())
-                consumers.add_metric(labels, group.consumer_count())
-        yield from (ready, inflight, consumers, live, live_bytes, delayed)
         clients = GaugeMetricFamily("kapok_clients", "Connected clients")
         clients.add_metric([], len(self.clients))
         yield clients
@@ -96,6 +287,14 @@ class _ServiceCollector(Collector):
         stored.add_metric([], len(service.broker.messages))
         yield stored
         yield _hooks_missing()
+        renders = CounterMetricFamily("kapok_metrics_renders", "Times /metrics text was made (not reused)")
+        renders.add_metric([], self.cache.renders)
+        yield renders
+        yield GaugeMetricFamily(
+            "kapok_metrics_render_cpu_seconds",
+            "CPU seconds the last /metrics text took to make (loop and thread)",
+            value=self.cache.cost_s,
+        )
 
 
 def _hooks_missing() -> Metric:
@@ -113,11 +312,13 @@ def _hooks_missing() -> Metric:
 
 @routes.get("/metrics")
 async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[REGISTRY])
+    required = request.app[SERVICE].config.metrics.require_key
+    if required and not await check_key(request, bearer_token(request)):
+        raise AuthError("missing or wrong 'Authorization: Bearer <secret key>' header (metrics.require_key)")
+    registry = request.app[REGISTRY]
+    body = await registry.body() if isinstance(registry, MetricsRegistry) else generate_latest(registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def make_registry(service: BrokerService, clients: Clients) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_ServiceCollector(service, clients))
-    return registry
+def make_registry(service: BrokerService, clients: Clients) -> MetricsRegistry:
+    return MetricsRegistry(service, clients)

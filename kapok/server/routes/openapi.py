@@ -173,14 +173,24 @@ def document(config: Config) -> dict[str, Any]:
             "get": _op(
                 "Prometheus metrics",
                 "operations",
-                {"200": {"description": "Prometheus text format", "content": {"text/plain": {}}}},
+                {
+                    "200": {"description": "Prometheus text format", "content": {"text/plain": {}}},
+                    **(_errors(401, 429) if config.metrics.require_key else {}),
+                },
+                description="Needs the key when metrics.require_key is set (a bearer token).",
+                **({"security": bearer} if config.metrics.require_key else {}),
             )
         },
         "/cluster/nodes": {
             "get": _op("This node's gossip view", "operations", {"200": _json({"type": "array"})})
         },
         "/replication/state": {
-            "get": _op("The pair as this node sees it", "replication", {"200": _json(_OBJ)})
+            "get": _op(
+                "The pair as this node sees it",
+                "replication",
+                {"200": _json(_OBJ), **_errors(401, 429)},
+                security=bearer,
+            )
         },
         "/replication/unpair": {
             "post": _op(

@@ -1,9 +1,10 @@
 """The node's replication routes and metrics: ``/sync/v1`` (the slave's link), the pair's
 state and the operator's unpair, and the ``kapok_replication_*`` metrics.
 
-The routes are thin: the pair's rules live in ``kapok.replication``. ``/sync/v1`` and
-``/replication/unpair`` need the secret key, checked by the auth middleware before the
-WebSocket upgrade, so a wrong key never sees a byte of the log.
+The routes are thin: the pair's rules live in ``kapok.replication``. ``/sync/v1``,
+``/replication/unpair`` and ``/replication/promote`` need the secret key, checked by the
+auth middleware before the WebSocket upgrade, so a wrong key never sees a byte of the log;
+``/replication/state`` checks it itself (it names the partner and gives out its URL).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from aiohttp import WSCloseCode, web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kapok.errors import KapokError, NotActiveError
+from kapok.errors import AuthError, KapokError, NotActiveError
 from kapok.replication.node import ReplicationNode
 from kapok.replication.protocol import Role
+from kapok.server.guard.auth import bearer_token, check_key
 from kapok.server.keys import REGISTRY, REPLICATION
 from kapok.server.routes.responses import json_response
 
@@ -79,6 +81,8 @@ def pair_state(node: ReplicationNode) -> dict[str, Any]:
 
 @routes.get("/replication/state")
 async def replication_state(request: web.Request) -> web.Response:
+    if not await check_key(request, bearer_token(request)):
+        raise AuthError("missing or wrong 'Authorization: Bearer <secret key>' header")
     return json_response(pair_state(request.app[REPLICATION]))
 
 
