@@ -17,7 +17,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from kapok.errors import AuthBlockedError
 from kapok.protocol.kapokmq import ASK_KEY, KEY_ERROR, KEY_OK
-from kapok.server.guard.connections import set_state, trust
+from kapok.server.guard.connections import closing, set_state, trust
 from kapok.server.guard.conntable import ConnState
 from kapok.server.guard.throttle import Accept, Blocked, Reject, Verdict
 from kapok.server.keys import CLIENTS, SERVICE
@@ -98,6 +98,7 @@ async def compat_handshake(ws: web.WebSocketResponse, request: web.Request) -> b
             msg = await ws.receive(timeout=max(give_up - loop.time(), 0.001))
         except TimeoutError:
             request.app[CLIENTS].auth_failures += 1
+            closing(request, "handshake_timeout")
             return await _refuse(ws, "authentication timed out")
         if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
             return False

@@ -47,7 +47,7 @@ from kapok.server.aiohttp_seam import ListeningSite, check_hooks, send_100_conti
 from kapok.server.guard.conntable import Admit, ConnectionTable, ConnState, Limits
 from kapok.tasks import cancel_and_wait
 
-__all__ = ["GUARD", "ConnectionGuard", "GuardedSite", "guard_middleware", "tls_context", "trust"]
+__all__ = ["GUARD", "ConnectionGuard", "GuardedSite", "closing", "guard_middleware", "tls_context", "trust"]
 
 log = logging.getLogger("kapok.server")
 
@@ -173,6 +173,16 @@ class ConnectionGuard(Collector):
     def trust(self, request: web.BaseRequest) -> None:
         self.table.trust(request.protocol)
 
+    def closing(self, request: web.BaseRequest, reason: str) -> None:
+        """The request's handler closes its connection for ``reason``: count it here, once.
+        The connection leaves its deadline (the sweep would count it a second time); what
+        is left of its closing is bounded by the handler (a WebSocket's close time-out)."""
+        self._note(reason)
+        handler = request.protocol
+        if handler in self.table:
+            self.table.set_state(handler, ConnState.BUSY, asyncio.get_running_loop().time())
+            self._bodies.pop(handler, None)
+
     # ------------------------------------------------------------ deadlines
 
     async def _sweep(self) -> None:
@@ -233,6 +243,14 @@ def trust(request: web.BaseRequest) -> None:
         guard.trust(request)
 
 
+def closing(request: web.Request, reason: str) -> None:
+    """The handler closes the request's connection for ``reason`` (one of
+    ``kapok_connections_closed_total``'s reasons, say ``handshake_timeout``)."""
+    guard = request.app.get(GUARD)
+    if guard is not None:
+        guard.closing(request, reason)
+
+
 def set_state(request: web.Request, state: ConnState) -> None:
     guard = request.app.get(GUARD)
     if guard is not None:
@@ -241,18 +259,28 @@ def set_state(request: web.Request, state: ConnState) -> None:
 
 @web.middleware
 async def guard_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Track the connection's state; refuse a body over the limit by its Content-Length."""
+    """Track the connection's state; refuse a body over the limit by its Content-Length,
+    and stop reading one of unknown length (chunked) once it went over."""
     guard = request.app.get(GUARD)
     too_large = body_too_large(request)
     if too_large is not None:
         return await _refuse_body(request, too_large)
-    if guard is None:
-        return await handler(request)
-    guard.set_state(request, ConnState.BUSY if request.content.is_eof() else ConnState.BODY)
+    if guard is not None:
+        guard.set_state(request, ConnState.BUSY if request.content.is_eof() else ConnState.BODY)
     try:
-        return await handler(request)
+        response = await handler(request)
     finally:
-        guard.set_state(request, ConnState.IDLE)
+        if guard is not None:
+            guard.set_state(request, ConnState.IDLE)
+    if response.status == 413 and not response.prepared and not request.content.is_eof():
+        # The body went over the limit as it was read (aiohttp's ``read``/``post`` stop at
+        # client_max_size); unanswered, aiohttp would then read the rest, up to ten seconds
+        # of it, before the client heard of the 413. The rest is never read.
+        limit = request.client_max_size
+        return await _refuse_body(
+            request, MessageTooLargeError(f"a request body is over this node's {limit} bytes")
+        )
+    return response
 
 
 def body_too_large(request: web.BaseRequest) -> MessageTooLargeError | None:
