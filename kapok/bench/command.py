@@ -51,6 +51,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         "clients",
         "backlog",
         "rounds",
+        "topics",
     ):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name} must be at least 1")
@@ -78,6 +79,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         backlog=args.backlog,
         timeout=args.timeout,
         minutes=args.minutes,
+        topics=args.topics,
         sets=tuple(args.overrides),
         replicas=_replicas(args),
         rounds=args.rounds,

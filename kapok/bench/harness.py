@@ -49,6 +49,7 @@ class Options:
     backlog: int = 100_000
     timeout: float = 180.0
     minutes: float = 10.0  # soak: how long the mixed load runs
+    topics: int = 5000  # scrape: topics on the node
     sets: tuple[str, ...] = ()
     replicas: tuple[str, ...] = ("none",)  # none, async, sync: a slave started beside each node
     rounds: int = 1  # every case this many times, interleaved (medians in the summary)

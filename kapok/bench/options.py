@@ -16,7 +16,8 @@ def add_options(command: argparse.ArgumentParser) -> None:
         action="append",
         metavar="NAME",
         help="publish, e2e, latency, roundtrip, fanout, clients, backlog, recovery, client or all "
-        "(repeatable; default all); soak (not in all): --minutes of mixed load with a kill -9",
+        "(repeatable; default all); soak (not in all): --minutes of mixed load with a kill -9; "
+        "scrape (not in all): a producer's latency while 8 scrapers poll /metrics",
     )
     add("--protocol", default="native", help="native, kapokmq or both (default native)")
     add("--fsync", default="always", help="storage.fsync of the started nodes: always, interval, never, all")
@@ -54,6 +55,7 @@ def add_options(command: argparse.ArgumentParser) -> None:
     add("--fanout", type=int, default=4, help="fanout: subscribers, each in its own group (default 4)")
     add("--clients", type=int, default=100, help="clients: producers and as many consumers (default 100)")
     add("--backlog", type=int, default=100_000, help="backlog / recovery: messages queued (default 100000)")
+    add("--topics", type=int, default=5000, help="scrape: topics on the node (default 5000)")
     add("--minutes", type=float, default=10.0, help="soak: minutes of load (default 10; --rate msg/s)")
     add(
         "--timeout",

@@ -18,7 +18,7 @@ __all__ = ["run"]
 
 # What a KapokMQ peer cannot run: recovery needs a node the bench starts; KapokMQ sets
 # pub/sub per node, not per topic (fanout); client measures Kapok's client library.
-PEER_SKIPS = {"recovery", "fanout", "client"}
+PEER_SKIPS = {"recovery", "fanout", "client", "scrape"}
 
 
 def run(options: Options, progress: Progress) -> list[Row]:

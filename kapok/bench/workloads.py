@@ -25,6 +25,10 @@ client    the client library (``kapok.client.Producer``, as an application uses 
 soak      ``--minutes`` of mixed load on both protocols with disconnects, nacks and a kill -9
           (``kapok.bench.soak``): published / confirmed / delivered / lost / duplicates and the
           node's RSS over time. Not part of ``all``.
+scrape    ``--topics`` topics, a producer paced with one publish in flight, and three phases
+          of ``--seconds``: no scrapers, 8 polling ``/metrics`` without the key, 8 with it;
+          p50/p99 of send → confirmation per phase and their ratios (``kapok.bench.scrape``).
+          Not part of ``all``.
 recovery  the same backlog, then the node is killed (kill -9: WAL replay) and restarted, then
           stopped (SIGTERM: shutdown snapshot) and restarted; time until ``/health`` answers
           and the recovery time from the node's "recovered ... in X s" log line.
@@ -39,6 +43,7 @@ from typing import Any
 from kapok.bench.harness import FANOUT_TOPIC, CaseFailed, Harness, RoleRun
 from kapok.bench.nodes import LocalNode, Node
 from kapok.bench.report import Row
+from kapok.bench.scrape import scrape
 from kapok.bench.soak import soak
 
 __all__ = ["LONG_WORKLOADS", "WORKLOADS", "Workload"]
@@ -262,6 +267,7 @@ WORKLOADS: dict[str, Workload] = {
     "recovery": recovery,
     "client": client,
     "soak": soak,
+    "scrape": scrape,
 }
-# Minutes long: chosen by name only, never by "all".
-LONG_WORKLOADS = ("soak",)
+# Chosen by name only, never by "all": minutes long (soak), or a question of its own (scrape).
+LONG_WORKLOADS = ("soak", "scrape")

@@ -16,6 +16,7 @@ from kapok.core.model import Draft
 from kapok.server.routes.openapi import document
 from kapok.testing.slow import scaled
 
+KEY = {"Authorization": "Bearer test"}  # scrapes with the key do not wait for the pace
 MANY = 2000  # topics: a render costs far more than CHEAP_RENDER_S, so it is reused
 # kapok.server.routes.metrics's, spelled out: the scrapers' contract.
 OTHER_TOPICS, ALL_GROUPS, MAX_AGE_S = "(other topics)", "(all groups)", 1.0
@@ -99,7 +100,7 @@ async def test_a_node_with_few_topics_has_them_all_and_always_current(make_node:
 async def test_scrapes_within_a_second_share_one_render(make_node: Any, session: Any) -> None:
     node = await make_node()
     await fill(node, {f"topic-{i:05d}": 1 for i in range(MANY)})
-    first = await scrape(session, node)
+    first = await scrape(session, node, KEY)
     renders = sample(first, "kapok_metrics_renders_total")
     assert renders is not None and renders >= 1
     assert sample(first, "kapok_metrics_render_cpu_seconds") is not None
@@ -108,14 +109,14 @@ async def test_scrapes_within_a_second_share_one_render(make_node: Any, session:
     await fill(node, {"late": 1})
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-    again = await asyncio.gather(*(scrape(session, node) for _ in range(8)))
+    again = await asyncio.gather(*(scrape(session, node, KEY) for _ in range(8)))
     in_time = loop.time() - t0 < MAX_AGE_S  # else the box was too slow for the window
     if in_time:
         assert all(text == first for text in again)
     # Once the body is older than the window, the next scrape renders again: the publish shows.
     # (A render that ran meanwhile may already have been that one.)
     deadline = loop.time() + scaled(30)
-    while (text := await scrape(session, node)) == first:
+    while (text := await scrape(session, node, KEY)) == first:
         assert loop.time() < deadline, "the body was never rendered again"
         await asyncio.sleep(0.05)
     assert sample(text, "kapok_topic_live", topic="late") == 1
@@ -126,20 +127,42 @@ async def test_scrapes_within_a_second_share_one_render(make_node: Any, session:
 async def test_concurrent_scrapes_wait_for_the_render_under_way(make_node: Any, session: Any) -> None:
     node = await make_node()
     await fill(node, {f"topic-{i:05d}": 1 for i in range(MANY)})
-    texts = await asyncio.gather(*(scrape(session, node) for _ in range(8)))  # the first scrape ever
+    texts = await asyncio.gather(*(scrape(session, node, KEY) for _ in range(8)))  # the first scrape ever
     assert {sample(text, "kapok_metrics_renders_total") for text in texts} == {1}
+
+
+async def test_scrapes_without_the_key_share_a_pace_that_the_key_skips(node: Any, session: Any) -> None:
+    loop = asyncio.get_running_loop()
+
+    async def anonymous() -> tuple[int, float]:
+        async with session.get(node.url + "/metrics") as resp:
+            if resp.status == 429:
+                assert (await resp.json())["error"] == "rate_limited"
+            return resp.status, loop.time()
+
+    tasks = [asyncio.create_task(anonymous()) for _ in range(40)]
+    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    await scrape(session, node, KEY)
+    keyed_at = loop.time()
+    answers = await asyncio.gather(*tasks)
+    statuses = [status for status, _ in answers]
+    assert set(statuses) == {200, 429}, statuses  # 40 at once: more than two seconds of turns
+    assert max(t for status, t in answers if status == 200) > keyed_at  # the key jumped the queue
+    # A wrong bearer token is refused, not paced.
+    async with session.get(node.url + "/metrics", headers={"Authorization": "Bearer wrong"}) as resp:
+        assert resp.status == 401
 
 
 async def test_require_key_wants_the_bearer_token(make_node: Any, session: Any) -> None:
     open_node = await make_node()  # the default: open, for scrapers without configuration
     await scrape(session, open_node)
-    assert "security" not in document(open_node.service.config)["paths"]["/metrics"]["get"]
+    assert document(open_node.service.config)["paths"]["/metrics"]["get"]["security"] == [{}, {"bearer": []}]
     node = await make_node("metrics.require_key=true", "server.auth_backoff_after=1000")
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic dGVzdA=="}):
         async with session.get(node.url + "/metrics", headers=headers) as resp:
             assert resp.status == 401
             assert (await resp.json())["error"] == "unauthorized"
-    text = await scrape(session, node, {"Authorization": "Bearer test"})
+    text = await scrape(session, node, KEY)
     assert sample(text, "kapok_auth_failures_total") == 3
     assert sample(text, "kapok_metrics_renders_total") == 1  # a refused scrape renders nothing
     bearer = document(node.service.config)["paths"]["/metrics"]["get"]

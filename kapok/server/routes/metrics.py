@@ -18,9 +18,13 @@ three steps, and only the cheap ones run on the event loop:
   node with few topics) is not reused: such a scrape costs what any small request costs,
   and its numbers are always current. ``kapok_metrics_renders_total`` counts the renders.
 
-With ``metrics.require_key`` the route wants ``Authorization: Bearer <mq.secret_key>``
-(what Prometheus sends with ``authorization: {credentials: ...}``), checked like every
-other key, so wrong keys are throttled; a refused scrape never renders.
+Serving a reused body still costs its bytes, so scrapes without the key share a pace
+(``Pacer``): ``ANONYMOUS_SCRAPES_PER_S`` a second, all of them together, each waiting its
+turn, and 429 once the wait would pass ``ANONYMOUS_WAIT_S``. A scrape with the key
+(``Authorization: Bearer <mq.secret_key>``, what Prometheus sends with ``authorization:
+{credentials: ...}``) never waits for them: a client without the key never stops one with
+it. A bearer token, when sent, is checked like every other key (wrong keys are throttled);
+with ``metrics.require_key`` the key is needed. A refused scrape never renders.
 """
 
 from __future__ import annotations
@@ -37,8 +41,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kapok.core.topics import Topic
-from kapok.errors import AuthError
+from kapok.core.topics import Group, Topic
+from kapok.errors import AuthError, RateLimitedError
 from kapok.server import aiohttp_seam
 from kapok.server.guard.auth import bearer_token, check_key
 from kapok.server.guard.clients import Clients
@@ -47,10 +51,13 @@ from kapok.service import BrokerService
 
 __all__ = [
     "ALL_GROUPS",
+    "ANONYMOUS_SCRAPES_PER_S",
+    "ANONYMOUS_WAIT_S",
     "CHEAP_RENDER_S",
     "MAX_AGE_S",
     "OTHER_TOPICS",
     "MetricsRegistry",
+    "Pacer",
     "RenderCache",
     "TopicRow",
     "TopicSnapshot",
@@ -65,6 +72,8 @@ MAX_AGE_S = 1.0  # a rendered body is served again for this long: at most one re
 CHEAP_RENDER_S = 0.005  # CPU seconds: a render cheaper than this is not reused (always current)
 OTHER_TOPICS = "(other topics)"  # the folded topics' label: a space, so never a topic's name
 ALL_GROUPS = "(all groups)"  # the group label of the folded topics' summed group series
+ANONYMOUS_SCRAPES_PER_S = 10.0  # scrapes without the key served a second, all of them together
+ANONYMOUS_WAIT_S = 2.0  # the longest such a scrape waits for its turn; past it, 429
 
 _COUNTERS = {
     "published": "Messages accepted from producers (duplicates excluded)",
@@ -106,10 +115,14 @@ class TopicSnapshot:
     folded: int
 
 
+def _group(group: Group) -> tuple[str, int, int, int]:
+    if not group.consumers:  # most groups of most topics: no generator to run
+        return group.name, group.ready_count, 0, 0
+    return group.name, group.ready_count, group.inflight_count(), group.consumer_count()
+
+
 def _row(topic: Topic) -> TopicRow:
-    groups = tuple(
-        (g.name, g.ready_count, g.inflight_count(), g.consumer_count()) for g in topic.groups.values()
-    )
+    groups = tuple(_group(g) for g in topic.groups.values())
     return TopicRow(topic.name, topic.live_count, topic.live_bytes, topic.delayed_count, groups)
 
 
@@ -129,8 +142,9 @@ def snapshot_topics(topics: Sequence[Topic], limit: int) -> TopicSnapshot:
         delayed += topic.delayed_count
         for group in topic.groups.values():
             ready += group.ready_count
-            inflight += group.inflight_count()
-            consumers += group.consumer_count()
+            if group.consumers:
+                inflight += group.inflight_count()
+                consumers += group.consumer_count()
     other = TopicRow(OTHER_TOPICS, live, live_bytes, delayed, ((ALL_GROUPS, ready, inflight, consumers),))
     rows = tuple(sorted((_row(t) for t in kept), key=lambda r: r.name))
     return TopicSnapshot(rows, other, len(topics) - len(kept))
@@ -191,6 +205,24 @@ class RenderCache:
         self.body, self.taken_at, self.cost_s = body, taken_at, cost_s
 
 
+class Pacer:
+    """Turns for scrapes without the key, one every ``1 / rate`` seconds (pure: the caller
+    gives the clock): ``take`` says how long to wait for the next free turn, or None when
+    that is longer than ``max_wait_s``."""
+
+    def __init__(self, rate: float, max_wait_s: float) -> None:
+        self.interval = 1.0 / rate
+        self.max_wait_s = max_wait_s
+        self.next_turn = -math.inf
+
+    def take(self, now: float) -> float | None:
+        turn = max(now, self.next_turn)
+        if turn - now > self.max_wait_s:
+            return None
+        self.next_turn = turn + self.interval
+        return turn - now
+
+
 class _Families(Collector):
     def __init__(self, families: Iterable[Metric]) -> None:
         self.families = families
@@ -215,6 +247,7 @@ class MetricsRegistry(CollectorRegistry):
         super().__init__(auto_describe=False)
         self.service = service
         self.cache = RenderCache()
+        self.pacer = Pacer(ANONYMOUS_SCRAPES_PER_S, ANONYMOUS_WAIT_S)
         self._pending: asyncio.Task[bytes] | None = None
         self.register(_ServiceCollector(service, clients, self.cache))
 
@@ -312,12 +345,23 @@ def _hooks_missing() -> Metric:
 
 @routes.get("/metrics")
 async def metrics(request: web.Request) -> web.Response:
-    required = request.app[SERVICE].config.metrics.require_key
-    if required and not await check_key(request, bearer_token(request)):
-        raise AuthError("missing or wrong 'Authorization: Bearer <secret key>' header (metrics.require_key)")
     registry = request.app[REGISTRY]
-    body = await registry.body() if isinstance(registry, MetricsRegistry) else generate_latest(registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    if not isinstance(registry, MetricsRegistry):  # a registry of someone else's making
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    given = bearer_token(request)
+    if given is not None or request.app[SERVICE].config.metrics.require_key:
+        if not await check_key(request, given):
+            raise AuthError("missing or wrong 'Authorization: Bearer <secret key>' header")
+    else:
+        wait = registry.pacer.take(asyncio.get_running_loop().time())
+        if wait is None:
+            raise RateLimitedError(
+                "too many scrapes without the key; try again later, or scrape with the key"
+                " (Authorization: Bearer <mq.secret_key>)"
+            )
+        if wait > 0:
+            await asyncio.sleep(wait)
+    return web.Response(body=await registry.body(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 def make_registry(service: BrokerService, clients: Clients) -> MetricsRegistry:

@@ -175,10 +175,11 @@ def document(config: Config) -> dict[str, Any]:
                 "operations",
                 {
                     "200": {"description": "Prometheus text format", "content": {"text/plain": {}}},
-                    **(_errors(401, 429) if config.metrics.require_key else {}),
+                    **_errors(401, 429),
                 },
-                description="Needs the key when metrics.require_key is set (a bearer token).",
-                **({"security": bearer} if config.metrics.require_key else {}),
+                description="The key (a bearer token) is needed with metrics.require_key, else optional: "
+                "scrapes without it share a pace (429 past it), scrapes with it do not wait for them.",
+                security=bearer if config.metrics.require_key else [{}, *bearer],
             )
         },
         "/cluster/nodes": {
