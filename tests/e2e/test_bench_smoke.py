@@ -113,3 +113,22 @@ def test_soak_smoke_loses_nothing_through_a_kill(tmp_path: Path) -> None:
     assert extra["reconnects"] >= 8  # every client reconnected at least once: the kill
     assert len(extra["rss_mb"]) >= 2 and all(mb > 0 for _, mb in extra["rss_mb"])
     assert "kill -9 of the node" in proc.stderr
+
+
+def test_scrape_smoke_three_phases_side_by_side(tmp_path: Path) -> None:
+    """A short scrape workload: the paced producer alone, then beside scrapers without the key
+    and with it; every phase confirmed publishes, the scraper phases have their ratios to the
+    first and the node's render count (at most about one a second)."""
+    args = ["--workload", "scrape", "--topics", "300", "--seconds", "1", "--fsync", "never", "--json"]
+    proc = _bench(tmp_path, *args, "--timeout", CASE_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout)["rows"]
+    assert [row["variant"].split(":")[0] for row in rows] == ["A", "B", "C"]
+    for row in rows:
+        assert row["workload"] == "scrape" and row["ok"] is True, row
+        assert row["messages"] > 0 and row["p99_ms"] >= row["p50_ms"] > 0
+        assert row["extra"]["topics"] == 300 and row["extra"]["renders"] is not None
+    for row in rows[1:]:
+        extra = row["extra"]
+        assert extra["scrapes"] > 0 and extra["p50_ratio"] > 0 and extra["p99_ratio"] > 0
+        assert set(extra["scrape_statuses"]) <= {"200", "429"}, extra
