@@ -29,6 +29,7 @@ compatibility routes), and the client maps ``code`` back to the same class::
      ├── ReplicationError             the sync link: a broken rule between master and slave
      │    └── SyncRefusedError        the master refused the slave (``why`` says why)
      ├── StorageError                 the disk: a failed write, an unreadable file, storage.dir in use
+     │    └── StorageFullError        storage.dir (nearly) full: new messages refused (507), the rest goes on
      ├── AnalyticsError               ``kapok analytics``: unusable input, no Java, a failed Spark job
      └── ClientError                  raised by kapok.client itself, never sent by a node
           ├── ConnectionLostError     the connection to a node broke (in-flight work is in doubt)
@@ -40,7 +41,8 @@ compatibility routes), and the client maps ``code`` back to the same class::
 
 The last two are ``UnavailableError``s as well (the cluster cannot take the work now): an
 ``except UnavailableError`` catches the node's refusals and the client's own time-outs alike,
-an ``except ClientError`` everything the client raises by itself.
+an ``except ClientError`` everything the client raises by itself. ``StorageFullError`` is one
+too: the node refused the write before applying anything, so another node may take it.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ __all__ = [
     "ReplicationUnconfirmedError",
     "SlowConsumerError",
     "StorageError",
+    "StorageFullError",
     "SubscriptionError",
     "SyncRefusedError",
     "TooManyConnectionsError",
@@ -236,6 +239,15 @@ class StorageError(KapokError):
 
     code = "storage"
     http_status = 500
+
+
+class StorageFullError(StorageError, UnavailableError):
+    """``storage.dir`` has less free space than ``storage.min_free_bytes``, or a write found
+    none: new messages are refused before anything is applied (a producer may send them to
+    another node), while consumers, acks and reads go on. Ends by itself once space is freed."""
+
+    code = "storage_full"
+    http_status = 507
 
 
 class ClientError(KapokError):

@@ -30,6 +30,7 @@ from kapok.errors import (
     BrokerError,
     NotFoundError,
     ReplicationUnavailableError,
+    StorageFullError,
     UnavailableError,
 )
 from kapok.storage import MemoryStore, Store
@@ -152,8 +153,16 @@ class BrokerService:
                     raise
                 self.broker.stats.duplicates += len(known)
                 return known, None
+        self._check_space()
         codes = self.broker.publish(drafts, self.now())
         return codes, self._settle()
+
+    def _check_space(self) -> None:
+        """Refuse new messages while the store's disk is full, before anything is applied
+        (what consumers do is still stored: see ``kapok.storage.space``)."""
+        full = self.store.full()
+        if full is not None:
+            raise StorageFullError(f"storage full: {full}; new messages are refused until space is freed")
 
     def write_now(self) -> None:
         """The caller has published all a socket read brought: have the store write it now,
@@ -222,6 +231,7 @@ class BrokerService:
         (attempts 0) with the dead letter's payload, key, priority and producer."""
         if self.gate is not None:
             self.gate(True)
+        self._check_space()
         msg = self.broker.messages.get(code)
         if msg is None:
             raise NotFoundError("no message with that code")

@@ -55,7 +55,7 @@ from kapok.replication.protocol import (
     leads_at_start,
     transition,
 )
-from kapok.replication.state import PairState
+from kapok.replication.state import FILE_NAME, PairState
 from kapok.replication.transfer import receive_transfer
 from kapok.storage.disk import DiskStore
 from kapok.storage.wal import WriteAheadLog
@@ -192,8 +192,16 @@ class ReplicationNode:
         return self.state.partner
 
     def _save(self, state: PairState) -> None:
+        # A state the file holds already is not written again: a node that restarts in the
+        # role and epoch it had writes nothing, so it starts on a full disk too.
+        unchanged = state == self.state and (self.directory / FILE_NAME).exists()
         self.state = state
-        state.save(self.directory)
+        if not unchanged:
+            try:
+                state.save(self.directory)
+            except OSError as exc:  # one line naming the file (ENOSPC names none)
+                where = self.directory / FILE_NAME
+                raise OSError(exc.errno, f"cannot save the pair state in {where}: {exc.strerror}") from None
         self._on_change()
 
     def _become(self, event: Event) -> None:

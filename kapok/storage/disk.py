@@ -15,6 +15,12 @@ fetches the rest from its master again). A snapshot is taken every
 ``snapshot_interval_s`` and at clean shutdown, after which WAL segments
 the previous snapshot covers are deleted: the two newest snapshots and the
 WAL since the older of them stay, so a damaged newest snapshot is survived.
+
+A full disk (``kapok.storage.space``): ``full()`` says why new messages are refused;
+snapshots are skipped meanwhile (they need the space the log's reserve keeps, and the
+WAL holds everything written), the shutdown snapshot too, in one line. Recovery writes
+nothing but the requeues it appends to the log, so a node starts on a full disk and
+serves its consumers.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from kapok.errors import StorageError
 from kapok.storage.archiver import ArchiveFeed, ArchiveSettings
 from kapok.storage.records import FrameReader, encode_batch, encode_end
 from kapok.storage.snapshot import FoundSnapshot, SnapshotWriter, find_newest, list_snapshots, map_file
+from kapok.storage.space import SpaceWatch
 from kapok.storage.wal import Segment, WriteAheadLog, list_segments
 from kapok.tasks import cancel_and_wait
 
@@ -74,6 +81,7 @@ class DiskStore:
             segment_max_bytes=cfg.segment_max_bytes,
             fsync=fsync,
         )
+        self.space = SpaceWatch(root, cfg.min_free_bytes, self.wal)
         self._fsync = fsync
         self._broker: Broker | None = None
         self._snapshot_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kapok-snapshot")
@@ -102,6 +110,8 @@ class DiskStore:
         installed = await loop.run_in_executor(None, install_transfer, self.wal_dir.parent)
         if installed is not None:
             log.info("installed a full state transfer at LSN %d in place of the local log", installed)
+        self.space.serving = not mirror
+        await self.space.probe()  # a start on a full disk says so before it serves anyone
         journal, broker.journal = broker.journal, False
         snapshot = await loop.run_in_executor(None, find_newest, self.snapshot_dir)
         for problem in snapshot.skipped:
@@ -129,6 +139,7 @@ class DiskStore:
             len(broker.messages), self.recovery_s, snapshot.lsn, replayed, requeued,
         )  # fmt: skip
         self._task = loop.create_task(self._snapshot_loop())
+        self.space.start()
 
     def _replay(self, broker: Broker, snapshot: FoundSnapshot) -> tuple[int, int]:
         """Apply the snapshot, then the WAL from its LSN; returns the next LSN and the WAL records applied.
@@ -183,7 +194,10 @@ class DiskStore:
         return next_lsn, replayed
 
     async def start_archive(self) -> None:
-        """Start writing the archive (at start-up, or when a slave is promoted)."""
+        """Start serving clients (at start-up, or when a slave is promoted): the archive
+        starts, and the free-space reserve applies to new messages."""
+        self.space.serving = True
+        self.space.update()  # a start on a full disk says so now, naming the path
         if self.archive is not None and not self.archive.started:
             await self.archive.start()
             self.wal.attach_archive(self.archive)
@@ -208,11 +222,16 @@ class DiskStore:
     def write_now(self) -> None:
         self.wal.write_now()
 
+    def full(self) -> str | None:
+        return self.space.reason()
+
     # ------------------------------------------------------------ snapshots
 
     async def _snapshot_loop(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.snapshot_interval_s)
+            if self.full() is not None:
+                continue  # no room for it; the WAL holds everything written
             try:
                 await self.snapshot()
             except OSError as exc:  # a full disk, say: one line, no traceback
@@ -264,6 +283,9 @@ class DiskStore:
             "wal_bytes_total": wal.bytes_written,
             "wal_fsyncs_total": wal.fsyncs,
             "wal_disk_full_total": wal.disk_full,
+            "disk_full": 1 if self.full() is not None else 0,
+            "disk_full_periods_total": self.space.periods,
+            "disk_free_bytes": self.space.free if self.space.free is not None else -1,
             "recovery_corrupt_tails_total": self.corrupt_tails,
             "recovery_snapshots_skipped_total": self.snapshots_skipped,
             "recovery_seconds": self.recovery_s,
@@ -283,7 +305,11 @@ class DiskStore:
         self._closed = True
         if self._task is not None:
             await cancel_and_wait(self._task)
-        if self._broker is not None and snapshot:
+        await self.space.aclose()
+        full = self.full()
+        if full is not None and self._broker is not None and snapshot:
+            log.warning("no shutdown snapshot: storage full: %s", full)
+        elif self._broker is not None and snapshot:
             try:
                 await self.snapshot()
             except OSError as exc:
@@ -291,7 +317,8 @@ class DiskStore:
             except Exception:
                 log.exception("the shutdown snapshot failed; the WAL still holds everything")
         await self.wal.aclose()
-        log.info("WAL closed at LSN %d: flushed and fsynced", self.wal.next_lsn)
+        if self.wal.failed is None:
+            log.info("WAL closed at LSN %d: flushed and fsynced", self.wal.next_lsn)
         self._snapshot_thread.shutdown(wait=True)
         if self.archive is not None:
             await self.archive.aclose()

@@ -6,7 +6,9 @@ broker produced them, in order. ``append`` returns ``None`` when nothing
 needs waiting for, or a future that completes once the records are as
 durable as the configured policy promises; replies that promise durability
 (producer ``ok`` / ``puback`` / HTTP answers) wait for it. Appends that are
-written together may share one future.
+written together may share one future. While ``full()`` gives a reason, the
+service refuses new messages (``StorageFullError``) and stores only what
+consumers do.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ class Store(Protocol):
         a caller that has appended all it has for this turn says so. A hint only."""
         ...
 
+    def full(self) -> str | None:
+        """Why the store takes no new messages now (its disk is full: naming the directory
+        and its free space), or None when it takes them."""
+        ...
+
     def stats(self) -> dict[str, float]:
         """Figures for /metrics, by name: a name ending in ``_total`` is a counter (it only
         grows while the node runs), any other a gauge."""
@@ -59,6 +66,9 @@ class MemoryStore:
         return None
 
     def write_now(self) -> None:
+        return None
+
+    def full(self) -> str | None:
         return None
 
     def stats(self) -> dict[str, float]:

@@ -33,16 +33,19 @@ starts when a segment reaches ``segment_max_bytes`` or when a snapshot asks
 for a clean cut (``cut()``), so that whole segments can be deleted once a
 snapshot covers them.
 
-A full disk. A frame that finds no space is cut off the file again (the segment keeps
-ending on a whole frame). The master's own records then fail the log for good, as any
-write error does: the broker has applied them already and cannot take them back. A
-slave's copy of its master's batch (``append_encoded``) waits instead: the flusher tries
-it again, more and more slowly (up to ``FULL_RETRY_S``), until it is written; its future
-(the slave's ack) waits with it, and ``full`` / ``wait_for_space`` tell the slave to take
-nothing more meanwhile. The master still holds those records, and nothing acknowledged
-them, so the wait costs no data and no memory beyond the frames in hand. One ERROR line
-when the disk fills, one line when the log writes again, and ``disk_full`` counts the
-times; ``aclose`` gives up the wait (what was never written was never acknowledged).
+A full disk. A frame that finds no space (ENOSPC, EDQUOT; also a segment that cannot be
+created) is cut off the file again (the segment keeps ending on a whole frame) and waits:
+the flusher tries it again, more and more slowly (up to ``FULL_RETRY_S``), until it is
+written; its future (a producer's ack, or a slave's) waits with it, and records appended
+meanwhile queue in memory behind it, in order. ``full`` / ``wait_for_space`` tell whoever
+feeds the log to take nothing big meanwhile: a slave takes nothing more from its master,
+and the store refuses new messages (``kapok.storage.space``), so what queues is the small
+records of consumers (acks never wait for the log). Nothing waiting was acknowledged, so
+the wait costs no data, only the memory of what queues. Any other write error still fails
+the log for good: the broker has applied the records already and cannot take them back.
+One ERROR line when the disk fills, one line when the log writes again, and ``disk_full``
+counts the times; ``aclose`` gives up the wait (what was never written was never
+acknowledged).
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ from kapok.errors import StorageError
 from kapok.storage.records import encode_payload, frame_header
 from kapok.tasks import cancel_and_wait
 
-__all__ = ["Segment", "WriteAheadLog", "list_segments"]
+__all__ = ["Segment", "WriteAheadLog", "free_bytes", "list_segments"]
 
 log = logging.getLogger("kapok.storage")
 
@@ -83,8 +86,8 @@ ARCHIVE_BATCH_BYTES = 1024 * 1024
 # loop; with that rule, p99.9 0.3-0.6 ms, as with policy never.
 # Larger writes, and any that opens a segment, go to the writer thread.
 INLINE_WRITE_BYTES = 64 * 1024
-# A slave's write that found the disk full is tried again after the first delay, doubling
-# up to the cap: a freed disk is seen within a second, and a full one costs a few writes.
+# A write that found the disk full is tried again after the first delay, doubling up to
+# the cap: a freed disk is seen within a second, and a full one costs a few writes.
 FULL_RETRY_S: Final = (0.05, 1.0)
 NO_SPACE: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 
@@ -135,6 +138,13 @@ def segment_path(directory: Path, first_lsn: int) -> Path:
     return directory / f"{PREFIX}{first_lsn:020d}{SUFFIX}"
 
 
+def free_bytes(directory: Path) -> int:
+    """What an unprivileged writer may still write on the file system of ``directory``.
+    Blocking (it may wait for a slow or network file system): call it on a worker thread."""
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
+
+
 @dataclass(slots=True)
 class _Batch:
     first_lsn: int
@@ -142,7 +152,8 @@ class _Batch:
     new_segment: bool  # start a new segment file before writing this batch
     payload: bytes | None = None  # already encoded (a slave's copy of its master's batch)
     count: int = 0  # records in ``payload``
-    replica: bool = False  # a slave's copy: it may wait for space on a full disk
+    replica: bool = False  # a slave's copy of its master's batch
+    offered: bool = False  # handed to the slave's link already (a write the flusher takes over)
 
 
 @dataclass(slots=True)
@@ -153,11 +164,12 @@ class _Encoded:
     new_segment: bool
     replica: bool = False
     header: bytes = b""  # length and CRC, computed where it is written
+    offered: bool = False
 
 
 class _DiskFull(Exception):
-    """A replica's frame found no space: the first ``written`` batches of the write went
-    out before it, and the file was cut back to the end of the last whole frame."""
+    """A frame found no space: the first ``written`` batches of the write went out before
+    it, and the file was cut back to the end of the last whole frame."""
 
     def __init__(self, written: int, error: OSError) -> None:
         super().__init__(str(error))
@@ -209,8 +221,11 @@ class WriteAheadLog:
         self._file_lock = threading.Lock()  # guards _file and _dirty between the two threads
         self._tasks: list[asyncio.Task[None]] = []
         self.failed: StorageError | None = None
-        self.disk_full = 0  # times a slave's write found the disk full (and waited for space)
+        self.disk_full = 0  # times a write found the disk full (and waited for space)
         self.full_since: float | None = None  # loop time the current wait began
+        # Set while the store has reported its disk full already (``kapok.storage.space``):
+        # a write that then finds no space at all says so as a WARNING, not a second ERROR.
+        self.full_reported = False
         self._full_tries = 0
         self._full_lsn = 0  # the first record that waits for space
         self._space = asyncio.Event()  # set unless a write waits for space
@@ -261,7 +276,7 @@ class WriteAheadLog:
 
     @property
     def full(self) -> bool:
-        """A slave's write waits for space on a full disk (see the module's docstring)."""
+        """A write waits for space on a full disk (see the module's docstring)."""
         return self.full_since is not None
 
     async def wait_for_space(self) -> None:
@@ -298,7 +313,7 @@ class WriteAheadLog:
         if not batches or self._inflight is not None or self.failed is not None:
             return False
         if any(b.replica for b in batches):
-            return False  # a slave's copies: only the flusher can wait for space on a full disk
+            return False  # a slave's copies: its ack goes out from the flusher, as ever
         if self._archive is not None and self._archive.behind():
             return False  # the flusher waits for it: the archive's lag stays bounded
         encoded = [_encode(b) for b in batches]
@@ -313,6 +328,19 @@ class WriteAheadLog:
         self._offer(encoded)
         try:
             self._write(encoded, False)
+        except _DiskFull as full:
+            # No space: the flusher takes the rest over, waits for space and writes it (the
+            # slave's link has it already); the appends' future waits with it.
+            written, rest = encoded[: full.written], encoded[full.written :]
+            self._batches = [
+                _Batch(e.first_lsn, [], e.new_segment, e.payload, e.count, e.replica, offered=True)
+                for e in rest
+            ]
+            self._pending = waiter
+            self._wakeup.set()
+            if self._archive is not None and written:
+                self._queue_for_archive(written)
+            return False
         except OSError as exc:
             self._fail(exc, waiter)
             return False
@@ -367,12 +395,16 @@ class WriteAheadLog:
         """Hand the batches to the slave's link before they are written: its copy overlaps the write."""
         if self.replica is not None:
             for e in encoded:
-                self.replica.offer(e.first_lsn, e.count, e.payload)
+                if not e.offered:
+                    self.replica.offer(e.first_lsn, e.count, e.payload)
 
     def _fail(self, exc: OSError, waiter: asyncio.Future[None] | None) -> None:
         self.failed = StorageError(f"the write-ahead log failed: {exc}")
         if self.full_since is not None and self._closing.is_set():
-            log.warning("closed with the disk full: records from LSN %d on were not written", self._full_lsn)
+            log.warning(
+                "closed with the disk full: records from LSN %d on were not written (none was confirmed)",
+                self._full_lsn,
+            )
         else:
             log.error("%s; the node no longer accepts writes", self.failed.message)
         for future in (waiter, self._pending):
@@ -383,17 +415,22 @@ class WriteAheadLog:
         self._space.set()  # whoever waits for space learns of the failure instead
 
     async def _wait_for_space(self, full: _DiskFull, lsn: int) -> None:
-        """A replica's write found the disk full: wait a while before it is tried again;
-        the OSError when the log is closing."""
+        """A write found the disk full: wait a while before it is tried again; the OSError
+        when the log is closing."""
         loop = asyncio.get_running_loop()
         if self.full_since is None:
             self.full_since = loop.time()
             self.disk_full += 1
             self._space.clear()
-            log.error(
-                "disk full: the write-ahead log cannot write LSN %d in %s (%s); no record past it "
+            try:
+                free = f"{await loop.run_in_executor(self._thread, free_bytes, self.directory)} bytes free"
+            except OSError as exc:
+                free = f"free space unknown: {exc.strerror or exc}"
+            log.log(
+                logging.WARNING if self.full_reported else logging.ERROR,
+                "disk full: the write-ahead log cannot write LSN %d in %s (%s, %s); no record past it "
                 "is acknowledged until space is freed, and it is tried again until then",
-                lsn, self.directory, full.error.strerror or full.error,
+                lsn, self.directory, full.error.strerror or full.error, free,
             )  # fmt: skip
         self._full_lsn = lsn
         first, cap = FULL_RETRY_S
@@ -464,7 +501,15 @@ class WriteAheadLog:
     def _write(self, batches: list[_Encoded], sync: bool) -> None:
         for i, batch in enumerate(batches):
             if self._file is None or batch.new_segment or self._file_size >= self.segment_max_bytes:
-                self._open_segment(batch.first_lsn)
+                path = segment_path(self.directory, batch.first_lsn)
+                try:
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                except OSError as exc:  # no room for the file: nothing changed
+                    if exc.errno not in NO_SPACE:
+                        raise
+                    raise _DiskFull(i, exc) from None
+                self._open_segment(fd)
+                batch.new_segment = False  # open now: a retry after a full disk goes on in it
             assert self._file is not None
             # Header and payload in one writev: no copy of a possibly large payload.
             payload = batch.payload
@@ -480,8 +525,6 @@ class WriteAheadLog:
                 if exc.errno not in NO_SPACE:
                     raise
                 os.ftruncate(self._file, self._file_size)  # no torn frame stays behind
-                if not batch.replica:
-                    raise
                 raise _DiskFull(i, exc) from None
             batch.header = header
             self._file_size += size
@@ -539,8 +582,8 @@ class WriteAheadLog:
         finally:
             os.close(dir_fd)
 
-    def _open_segment(self, first_lsn: int) -> None:
-        fd = os.open(segment_path(self.directory, first_lsn), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    def _open_segment(self, fd: int) -> None:
+        """Make ``fd`` (a new segment, just opened) the open segment."""
         with self._file_lock:
             old, dirty = self._file, self._dirty
             self._file, self._dirty = fd, False
@@ -583,6 +626,7 @@ class WriteAheadLog:
 
 
 def _encode(batch: _Batch) -> _Encoded:
-    if batch.payload is not None:
-        return _Encoded(batch.first_lsn, batch.count, batch.payload, batch.new_segment, batch.replica)
+    b, payload = batch, batch.payload
+    if payload is not None:
+        return _Encoded(b.first_lsn, b.count, payload, b.new_segment, b.replica, offered=b.offered)
     return _Encoded(batch.first_lsn, len(batch.changes), encode_payload(batch.changes), batch.new_segment)

@@ -1129,10 +1129,12 @@ async def test_a_failing_fsync_never_confirms_and_the_node_stays_up(
     kept = await ws.pub("t", "before")
     broken.set()
     rid = await ws.send("pub", topic="t", msgs=[{"data": "lost"}])
-    # No puback ever: the connection is closed instead.
+    # No puback ever: an error frame answers it instead, and the connection stays open.
     msg = await ws.ws.receive(timeout=T)
-    assert msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED), (msg.type, msg.data)
-    assert not any(f.get("id") == rid for f in ws.pending)
+    assert msg.type is WSMsgType.TEXT, (msg.type, msg.data)
+    frame = json.loads(msg.data)
+    assert frame["op"] == "error" and frame["id"] == rid and frame["code"] == "storage", frame
+    assert not ws.ws.closed
     # Later writes get a clear error, not a hang and not a traceback.
     async with session.post(f"{node.url}/v1/topics/t/messages", json={"data": "x"}, headers=AUTH) as resp:
         assert resp.status >= 500

@@ -311,6 +311,7 @@ async def producer_send(request: web.Request) -> web.Response:
         if durable is not None:
             await durable
     except KapokError as exc:
-        request.app[CLIENTS].count_bad_input("compat_http_send")
+        if not isinstance(exc, UnavailableError):  # the node's state (a full disk...), not bad input
+            request.app[CLIENTS].count_bad_input("compat_http_send")
         return json_response({"code": -1, "msg": exc.message})
     return json_response({"code": 0, "msg": codes[0]})

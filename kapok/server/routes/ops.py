@@ -23,9 +23,14 @@ routes = web.RouteTableDef()
 async def health(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     node = request.app[REPLICATION]
+    # A full disk is "degraded", with the reason, and still a 200: the node refuses new
+    # messages but serves its consumers, acks and reads, so a load balancer must keep it
+    # in rotation for them (producers learn of it from their 507 storage_full).
+    full = service.store.full()
+    status = {"status": "ok"} if full is None else {"status": "degraded", "reason": f"storage_full: {full}"}
     return json_response(
         {
-            "status": "ok",
+            **status,
             "node": service.node_name,
             "role": pair_role(node),
             "configured_role": node.configured_role,

@@ -12,9 +12,11 @@ connection's reader stops reading new requests while more than
 A frame may wait for a future first (a producer ack waits until its message
 is durable) and may run a callback once written (auto-ack consumers are
 acked only after the write: at-most-once, never lost before the write). When
-the future fails with an ``UnavailableError`` (sync replication without its
-slave), the item's ``refuse`` builds the error frames sent in its place; any
-other failure (the disk) closes the connection.
+the future fails with a ``KapokError`` (sync replication without its slave, a
+failed write-ahead log), the item's ``refuse`` builds the error frames sent in
+its place: an error never closes a producer's connection. A delivery has no
+``refuse``: when its messages' write failed, the connection is closed (the
+broker requeues what the consumer held).
 
 Why frames are framed here and not by aiohttp's ``send_frame``: a socket
 write is a system call, and the KapokMQ protocol sends one frame per message
@@ -45,14 +47,14 @@ from typing import Any
 from aiohttp import WSCloseCode, web
 from aiohttp.abc import AbstractStreamWriter
 
-from kapok.errors import KapokError, StorageError, UnavailableError
+from kapok.errors import KapokError, StorageError
 from kapok.tasks import cancel_and_wait
 
 __all__ = ["Outbox", "text_frame_header", "text_frames"]
 
 log = logging.getLogger("kapok.server")
 
-# What to send instead of frames whose future failed with an UnavailableError (wire bytes).
+# What to send instead of frames whose future failed with a KapokError (wire bytes).
 Refusal = Callable[[KapokError], bytes]
 # A queue item: one or more frames, already framed, what they wait for, what runs once
 # written, and what to send instead if the wait fails.
@@ -132,7 +134,7 @@ class Outbox:
         refuse: Callable[[KapokError], bytes] | None = None,
     ) -> None:
         """Queue one text frame with ``frame`` as its payload; ``refuse`` gives the payload
-        sent instead when ``after`` fails with an ``UnavailableError``."""
+        sent instead when ``after`` fails with a ``KapokError``."""
         wire_refusal = None if refuse is None else (lambda exc: text_frames([refuse(exc)]))
         self._enqueue(text_frame_header(len(frame)) + frame, after, on_sent, wire_refusal)
 
@@ -144,7 +146,7 @@ class Outbox:
         refuse: Callable[[KapokError], bytes] | None = None,
     ) -> None:
         """Queue one text frame per payload (one queue item for all of them); ``refuse``
-        gives the payload sent instead of each when ``after`` fails with an ``UnavailableError``."""
+        gives the payload sent instead of each when ``after`` fails with a ``KapokError``."""
         if frames:
             n = len(frames)
             wire_refusal = None if refuse is None else (lambda exc: text_frames([refuse(exc)] * n))
@@ -297,7 +299,7 @@ class Outbox:
                         if not after.done():
                             break
                         failed = StorageError("cancelled") if after.cancelled() else after.exception()
-                        if isinstance(failed, UnavailableError) and refusal is not None:
+                        if isinstance(failed, KapokError) and refusal is not None:
                             data, on_sent, failed = refusal(failed), None, None  # an error frame instead
                         if failed is not None:
                             break

@@ -4,7 +4,7 @@ and a hole in the log that recovery must not paper over.
 A slave's copy of its master's batch that finds the disk full is cut off the segment
 again, waits, and is written once space is freed; its future (the slave's ack) waits with
 it; ``aclose`` gives the wait up without acknowledging anything. The master's own records
-still fail the log for good. A full disk is faked by ``os.writev`` / ``os.write`` raising
+wait the same way (``test_wal_full``). A full disk is faked by ``os.writev`` / ``os.write`` raising
 ENOSPC after a short write, as a real one does.
 """
 
@@ -95,20 +95,6 @@ async def test_a_slaves_batch_waits_for_space_and_is_written_once_it_is_freed(
     assert len(errors) == 1 and "disk full" in errors[0] and "LSN 3" in errors[0], errors
     assert sum("writes again" in r.getMessage() for r in caplog.records) == 1
     assert not any(r.exc_info for r in caplog.records)
-
-
-async def test_the_masters_own_records_still_fail_the_log_on_a_full_disk(tmp_path: Path, disk: _Disk) -> None:
-    # Its broker applied them already: the log cannot wait for space and take them back.
-    wal = _wal(tmp_path, "always")
-    wal.start(0)
-    await wal.append(make_records(2))
-    disk.full = True
-    with pytest.raises(StorageError, match="No space left"):
-        await asyncio.wait_for(wal.append(make_records(2, 2)), T)
-    assert wal.failed is not None and wal.disk_full == 0
-    disk.full = False
-    await wal.aclose()
-    assert read_log(tmp_path) == make_records(2), "the half-written frame was cut off"
 
 
 async def test_closing_gives_up_the_wait_and_acknowledges_nothing(
