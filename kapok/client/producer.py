@@ -425,7 +425,8 @@ class Producer(ClientBase):
         except (UnavailableError, TooManyConnectionsError) as exc:
             # not_active (a passive slave), fenced, replication_unavailable (a sync master
             # without its slave; a resend already stored there is answered with its codes),
-            # or full: refused before anything was stored.
+            # storage_full (the node's disk), or full: refused before anything was stored,
+            # so the batch may go to another node.
             self._lane_failed(lane, gen, exc)
             self._retry(lane, batch, exc, in_doubt=False)
         except RateLimitedError as exc:

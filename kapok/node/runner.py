@@ -160,6 +160,9 @@ async def _serve(config: Config, seams: Seams | None = None) -> None:
         log.info("%s received: shutting down (a second signal exits at once)", signame)
         await site.stop()
         log.info("stopped accepting connections on %s", service.http_url)
+        # On a full disk, records that wait for space are given up (never acknowledged):
+        # the requests and the hand-over below must not wait for space that may never come.
+        service.store.stop_waiting()
         await wind_down(app)  # a master hands over; clients are closed with a reason
     finally:
         # Then the cleanup contexts, in reverse: gossip leaves, the store snapshots and

@@ -225,6 +225,9 @@ class DiskStore:
     def full(self) -> str | None:
         return self.space.reason()
 
+    def stop_waiting(self) -> None:
+        self.wal.stop_waiting()
+
     # ------------------------------------------------------------ snapshots
 
     async def _snapshot_loop(self) -> None:

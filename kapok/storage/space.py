@@ -98,8 +98,10 @@ class SpaceWatch:
     def reason(self) -> str | None:
         """Why new messages are refused now (naming the directory and its free space), or
         None when they are taken."""
-        if self._wal.full:
-            return f"the write-ahead log in {self._wal.directory} waits for space ({self._free_text()})"
+        wal = self._wal
+        if wal.full:
+            free = "free space unknown" if wal.full_free is None else f"{wal.full_free} bytes free"
+            return f"the write-ahead log in {wal.directory} found no space and waits for it ({free})"
         if self.serving and self._low:
             return (
                 f"{self.directory} has {self._free_text()}, "

@@ -46,6 +46,11 @@ class Store(Protocol):
         and its free space), or None when it takes them."""
         ...
 
+    def stop_waiting(self) -> None:
+        """The node is stopping: writes that wait for space on a full disk give up now
+        (their appends fail: none was acknowledged), so that the stop does not wait."""
+        ...
+
     def stats(self) -> dict[str, float]:
         """Figures for /metrics, by name: a name ending in ``_total`` is a counter (it only
         grows while the node runs), any other a gauge."""
@@ -69,6 +74,9 @@ class MemoryStore:
         return None
 
     def full(self) -> str | None:
+        return None
+
+    def stop_waiting(self) -> None:
         return None
 
     def stats(self) -> dict[str, float]:

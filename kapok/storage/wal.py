@@ -226,6 +226,7 @@ class WriteAheadLog:
         # Set while the store has reported its disk full already (``kapok.storage.space``):
         # a write that then finds no space at all says so as a WARNING, not a second ERROR.
         self.full_reported = False
+        self.full_free: int | None = None  # bytes free when the current wait began (None: unknown)
         self._full_tries = 0
         self._full_lsn = 0  # the first record that waits for space
         self._space = asyncio.Event()  # set unless a write waits for space
@@ -243,6 +244,12 @@ class WriteAheadLog:
         if self.policy == "interval":
             self._tasks.append(loop.create_task(self._interval_syncer()))
 
+    def stop_waiting(self) -> None:
+        """The node is stopping: a write that waits for space gives up now, so that nothing
+        of the stop (a request's handler, a hand-over) waits for it. Its appends fail (they
+        were never acknowledged), and so do later ones, without raising."""
+        self._closing.set()
+
     async def aclose(self) -> None:
         self._closing.set()  # a write waiting for space gives up: it was never acknowledged
         await self.flush()
@@ -258,7 +265,7 @@ class WriteAheadLog:
     def append(self, changes: Sequence[Change]) -> asyncio.Future[None]:
         """Queue records; the future completes once they are durable under the policy."""
         if self.failed is not None:
-            raise self.failed
+            return self._refused()
         if not self._batches or self._cut_next or self._batches[-1].payload is not None:
             self._batches.append(_Batch(self.next_lsn, [], self._cut_next))
             self._cut_next = False
@@ -269,10 +276,23 @@ class WriteAheadLog:
         """Queue one batch that is already encoded (``count`` records, as another node's
         WAL wrote it): it is written as one frame of its own, at the next LSNs."""
         if self.failed is not None:
-            raise self.failed
+            return self._refused()
         self._batches.append(_Batch(self.next_lsn, [], self._cut_next, payload, count, replica=True))
         self._cut_next = False
         return self._queued(count)
+
+    def _refused(self) -> asyncio.Future[None]:
+        """An append to a failed log: raises, unless the log gave up a wait for space as the
+        node stops, when its future fails instead (the connections' last acks and requeues
+        are not worth a traceback each)."""
+        assert self.failed is not None
+        if not self._closing.is_set():
+            raise self.failed
+        assert self._loop is not None
+        future: asyncio.Future[None] = self._loop.create_future()
+        future.set_exception(self.failed)
+        future.exception()  # retrieved: no "never retrieved" line
+        return future
 
     @property
     def full(self) -> bool:
@@ -423,9 +443,10 @@ class WriteAheadLog:
             self.disk_full += 1
             self._space.clear()
             try:
-                free = f"{await loop.run_in_executor(self._thread, free_bytes, self.directory)} bytes free"
+                self.full_free = await loop.run_in_executor(self._thread, free_bytes, self.directory)
+                free = f"{self.full_free} bytes free"
             except OSError as exc:
-                free = f"free space unknown: {exc.strerror or exc}"
+                self.full_free, free = None, f"free space unknown: {exc.strerror or exc}"
             log.log(
                 logging.WARNING if self.full_reported else logging.ERROR,
                 "disk full: the write-ahead log cannot write LSN %d in %s (%s, %s); no record past it "

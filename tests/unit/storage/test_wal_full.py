@@ -149,6 +149,25 @@ async def test_a_segment_that_cannot_be_created_waits_for_space(tmp_path: Path, 
     assert read_log(tmp_path) == make_records(4)
 
 
+async def test_a_stopping_node_gives_up_the_wait_at_once(tmp_path: Path, disk: _Disk) -> None:
+    # Nothing of the stop (a request awaiting its confirmation, a hand-over's flush) may wait
+    # for space that may never come; the connections' last acks fail quietly, not raising.
+    wal = _wal(tmp_path, "never")
+    wal.start(0)
+    disk.full = True
+    waiting = wal.append(make_records(1))
+    await eventually(lambda: wal.full, timeout_s=T, what="the wait for space")
+    wal.stop_waiting()
+    with pytest.raises(StorageError):
+        await asyncio.wait_for(waiting, T)
+    await asyncio.wait_for(wal.flush(), T)
+    late = wal.append(make_records(1, 1))
+    assert late.done() and isinstance(late.exception(), StorageError)
+    disk.full = False
+    await asyncio.wait_for(wal.aclose(), T)
+    assert read_log(tmp_path) == []
+
+
 async def test_other_write_errors_still_fail_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(fd: int, buffers: list[bytes]) -> int:
         raise OSError(errno.EIO, os.strerror(errno.EIO))
@@ -215,7 +234,7 @@ async def test_a_reserve_of_0_means_full_only_while_a_write_waits(tmp_path: Path
     disk.full = True
     waiting = wal.append(make_records(1))
     await eventually(lambda: watch.reason() is not None, timeout_s=T, what="full by the waiting write")
-    assert "waits for space" in (watch.reason() or "")
+    assert "found no space" in (watch.reason() or "")
     disk.full = False
     await asyncio.wait_for(waiting, T)
     assert watch.reason() is None
