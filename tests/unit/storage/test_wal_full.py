@@ -282,3 +282,44 @@ async def test_a_full_store_refuses_new_messages_before_applying_them_and_takes_
         await service.aclose()
     assert any("no shutdown snapshot" in r.getMessage() for r in caplog.records)
     assert not any(r.exc_info for r in caplog.records)
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.pushed: list[tuple[list[str], asyncio.Future[None] | None]] = []
+
+    def push(self, consumer: Any, entries: list[Any], after: asyncio.Future[None] | None) -> None:
+        self.pushed.append(([e.msg.code for e in entries], after))
+
+
+async def test_deliveries_of_durable_messages_do_not_wait_for_a_write_that_waits_for_space(
+    tmp_path: Path, disk: _Disk
+) -> None:
+    # A publish slipped in before the disk was seen full, and its write waits for space:
+    # only its own delivery waits with it; the backlog before it is delivered meanwhile.
+    config = load_config(None, overrides=[f"storage.dir={tmp_path}", "storage.archive=false"], env={})
+    store = DiskStore(config.storage, fsync=lambda fd: None)
+    store.space = SpaceWatch(tmp_path, MIB, store.wal, probe=_Free(10 * MIB))
+    service = BrokerService(config, store=store)
+    await service.start()
+    try:
+        old, durable = service.publish([Draft("t", b"old")])
+        assert durable is not None
+        await asyncio.wait_for(durable, T)
+        disk.full = True
+        new, waiting = service.publish([Draft("t", b"new")])
+        assert waiting is not None
+        await eventually(lambda: store.full() is not None, timeout_s=T, what="the write waiting for space")
+        sink = _Sink()
+        consumer = service.subscribe(sink, "t", prefetch=1)
+        assert sink.pushed == [(old, None)], "the durable message goes at once"
+        service.ack(consumer.id, old)
+        assert len(sink.pushed) == 2 and sink.pushed[1][0] == new
+        assert sink.pushed[1][1] is not None and not sink.pushed[1][1].done(), "the new one waits"
+        with pytest.raises(StorageFullError):
+            service.publish([Draft("t", b"refused")])
+        disk.full = False
+        await asyncio.wait_for(waiting, T)
+        await asyncio.wait_for(sink.pushed[1][1], T)
+    finally:
+        await service.aclose()
