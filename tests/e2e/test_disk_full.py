@@ -178,6 +178,22 @@ async def native_refusal(node: NodeProcess) -> tuple[dict[str, Any], dict[str, A
         return refused, pong
 
 
+async def compat_ws_refusals(node: NodeProcess) -> list[dict[str, Any]]:
+    """Two messages on a KapokMQ producer socket (after its in-band key): both answers."""
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=T)) as session,
+        session.ws_connect(f"{node.ws_url}/Producers/Conn/{TOPIC}/full") as ws,
+    ):
+        await ws.receive_str(timeout=T)  # the key, please
+        await ws.send_str("test")
+        await ws.receive_str(timeout=T)  # accepted
+        answers = []
+        for _ in range(2):
+            await ws.send_str(json.dumps({"MessageData": "x", "DelayTime": 0}))
+            answers.append(json.loads(await ws.receive_str(timeout=T)))
+        return answers
+
+
 def held_codes(node: NodeProcess) -> set[str]:
     """Every message the default group holds, leased for long (a restart's recovery)."""
     held: set[str] = set()
@@ -219,6 +235,8 @@ def test_a_full_disk_refuses_new_messages_serves_consumers_and_heals_without_a_r
         assert pong["op"] == "pong" and pong["id"] == 2, pong
         compat = compat_send(node, "refused")
         assert compat["code"] == -1 and "storage full" in compat["msg"], compat
+        for answer in asyncio.run(compat_ws_refusals(node)):
+            assert answer["code"] == -1 and "storage full" in answer["msg"], answer
 
         # Consumers go on: half the backlog is drained while the disk is full.
         acked = drain_some(node, 300)
