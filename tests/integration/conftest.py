@@ -16,6 +16,8 @@ import blockbuster.blockbuster as blockbuster_module
 import pytest
 from blockbuster import BlockBuster, BlockingError
 
+import kapok
+import kapok.testing
 from kapok.config import load_config
 from kapok.testing.inprocess import RunningApp, run_app
 
@@ -100,14 +102,18 @@ class BlockingCall:
         return f"{self.func} on the event loop, from:\n{self.stack}"
 
 
+_KAPOK: Final = os.path.dirname(kapok.__file__) + os.sep
+_HELPERS: Final = os.path.dirname(kapok.testing.__file__) + os.sep
+_TESTS: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
 def _ours(frame: FrameType) -> bool:
-    name = frame.f_code.co_filename.replace("\\", "/")
-    return "/kapok/" in name and "/kapok/testing/" not in name
+    name = frame.f_code.co_filename
+    return name.startswith(_KAPOK) and not name.startswith(_HELPERS)
 
 
 def _test_side(frame: FrameType) -> bool:
-    name = frame.f_code.co_filename.replace("\\", "/")
-    return "/tests/" in name or "/kapok/testing/" in name
+    return frame.f_code.co_filename.startswith((_TESTS, _HELPERS))
 
 
 def _a_tests_own_call(frame: FrameType | None) -> bool:

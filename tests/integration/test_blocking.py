@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from tests.integration.conftest import BlockingCall, Start
+from tests.integration.conftest import OFF_SWITCH, BlockingCall, Start
 
 from kapok.server.routes.middlewares import error_middleware
 from kapok.service import BrokerService
@@ -24,6 +24,7 @@ from kapok.storage.wal import list_segments
 from kapok.testing.slow import scaled
 
 AUTH = {"Authorization": "Bearer test"}
+detector_on = pytest.mark.skipif(os.environ.get(OFF_SWITCH) == "0", reason=f"{OFF_SWITCH}=0: no detector")
 
 
 async def stalling(request: web.Request) -> web.Response:
@@ -31,6 +32,7 @@ async def stalling(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
+@detector_on
 async def test_a_sleep_in_a_handler_behind_kapoks_middleware_is_caught(
     aiohttp_server: Any, blocking_calls: list[BlockingCall]
 ) -> None:
@@ -48,6 +50,7 @@ async def test_a_sleep_in_a_handler_behind_kapoks_middleware_is_caught(
     blocking_calls.clear()  # made on purpose: this test passes
 
 
+@detector_on
 async def test_a_blocking_call_inside_a_node_is_caught(
     start: Start, monkeypatch: pytest.MonkeyPatch, blocking_calls: list[BlockingCall]
 ) -> None:
@@ -106,7 +109,7 @@ def test_a_test_that_stalls_the_loop_fails(tmp_path: Path) -> None:
             """
         )
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), OFF_SWITCH: "1"}
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "asyncio_mode=auto",
          "-o", "asyncio_default_fixture_loop_scope=function", "--rootdir", str(tmp_path), str(tmp_path)],
