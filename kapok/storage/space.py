@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Final
 
 from kapok.storage.wal import WriteAheadLog, free_bytes
+from kapok.tasks import cancel_and_wait
 
 __all__ = ["PROBE_INTERVAL_S", "SpaceWatch"]
 
@@ -72,8 +73,7 @@ class SpaceWatch:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait(self._task)
             self._task = None
 
     async def _run(self) -> None:
