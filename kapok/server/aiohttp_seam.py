@@ -3,7 +3,8 @@
 The server leans on aiohttp 3.x internals in a few spots: to fail unmasked client frames
 (RFC 6455 §5.1), to accept connections through the connection guard, and for speed (the
 KapokMQ frame reader, bursts read from aiohttp's queue, aiohttp's compiled unmasking) and
-memory (a heartbeat timer that outlives its socket). Private names change without notice
+memory (a heartbeat timer that outlives its socket, a chunked body read by the guard).
+Private names change without notice
 between minor releases, and every use here falls back quietly when a name is gone, so a
 new aiohttp could drop a safety check without anyone noticing. Hence:
 
@@ -41,10 +42,12 @@ __all__ = [
     "Hook",
     "ListeningSite",
     "ParserSwapResponse",
+    "can_keep_body",
     "cancel_heartbeat",
     "check_hooks",
     "compiled_unmask",
     "hook_lost",
+    "keep_body",
     "missing_hooks",
     "queued_frames",
     "send_100_continue",
@@ -60,6 +63,7 @@ QUEUED_BURSTS: Final = "queued_bursts"
 HEARTBEAT_DISARM: Final = "heartbeat_disarm"
 COMPILED_UNMASK: Final = "compiled_unmask"
 CONTINUE_SIZE: Final = "continue_output_size"
+KEPT_BODY: Final = "kept_body"
 
 
 # ---------------------------------------------------------------- the hooks themselves
@@ -161,6 +165,21 @@ async def send_100_continue(request: web.BaseRequest) -> None:
     await writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     if hasattr(writer, "output_size"):
         writer.output_size = 0
+
+
+def can_keep_body(request: web.BaseRequest) -> bool:
+    """May ``keep_body`` hand this request a body read by the node itself?"""
+    return hasattr(request, "_read_bytes") and getattr(request, "_read_bytes", b"") is None
+
+
+def keep_body(request: web.BaseRequest, body: bytes) -> None:
+    """Make ``body`` (read already from ``request.content``) what ``request.read()`` returns,
+    and so ``text``, ``json`` and ``post`` of a urlencoded form, as aiohttp keeps the body its
+    own ``read`` read (call only when ``can_keep_body``).
+
+    Relies on ``BaseRequest._read_bytes`` (None until ``read`` has read the body, then the body).
+    """
+    request._read_bytes = body
 
 
 class ListeningSite(web.SockSite):
@@ -276,6 +295,10 @@ def _probe_unmask() -> str | None:
     return None if compiled_unmask() is not None else "no aiohttp._websocket.helpers.websocket_mask"
 
 
+def _probe_kept_body() -> str | None:
+    return _missing_attrs(web.BaseRequest, "_read_bytes")
+
+
 def _probe_continue() -> str | None:
     return _missing_attrs(AbstractStreamWriter, "output_size")
 
@@ -288,6 +311,7 @@ HOOKS: Final[tuple[Hook, ...]] = (
     Hook(HEARTBEAT_DISARM, False, "closed sockets are held until their heartbeat fires", _probe_heartbeat),
     Hook(COMPILED_UNMASK, False, "client frames are unmasked in Python", _probe_unmask),
     Hook(CONTINUE_SIZE, False, "a 100 Continue counts toward the response's size", _probe_continue),
+    Hook(KEPT_BODY, False, "a chunked body over the limit costs about twice the limit", _probe_kept_body),
 )
 _BY_NAME: Final = {hook.name: hook for hook in HOOKS}
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -61,52 +62,40 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / MB
 
 
-class _Raw(asyncio.Protocol):
-    """One client connection, raw: what came back, whether (and how) it ended, and flow
-    control for the writer. (Streams would drop an answer read together with a reset.)"""
-
-    def __init__(self) -> None:
-        self.got = bytearray()
-        self.ended: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
-        self.writable = asyncio.Event()
-        self.writable.set()
-
-    def data_received(self, data: bytes) -> None:
-        self.got += data
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.ended.set_result(exc)
-        self.writable.set()
-
-    def pause_writing(self) -> None:
-        self.writable.clear()
-
-    def resume_writing(self) -> None:
-        self.writable.set()
-
-
 async def stream_chunked(port: int, head: str, total: int) -> tuple[int, bytes, bool]:
     """POST ``total`` bytes in 64 KB chunks from a raw socket, reading the answer all along:
     (how many bytes went out before the node stopped reading, what it answered, whether
-    it closed the connection)."""
+    it closed the connection). A plain socket, not a transport: a send that fails on the
+    node's close must not take the answer that came before the close with it."""
     loop = asyncio.get_running_loop()
-    transport, conn = await loop.create_connection(_Raw, "127.0.0.1", port)
-    transport.write(head.encode() + b"Transfer-Encoding: chunked\r\n\r\n")
-    chunk = b"%x\r\n%s\r\n" % (64 * 1024, b"a" * 64 * 1024)
-    sent = 0
-    deadline = loop.time() + scaled(30)
-    while sent < total and not conn.ended.done() and loop.time() < deadline:
-        await asyncio.wait_for(conn.writable.wait(), T)
-        if not conn.ended.done():
-            transport.write(chunk)
-            sent += len(chunk)
-    if not conn.ended.done():
-        transport.write(b"0\r\n\r\n")
-    with contextlib.suppress(TimeoutError):  # the node should close; the old one did not
-        await asyncio.wait_for(asyncio.shield(conn.ended), T)
-    closed = conn.ended.done()
-    transport.close()
-    return sent, bytes(conn.got), closed
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    got = bytearray()
+
+    async def read() -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await loop.sock_recv(sock, 65536):
+                got.extend(data)
+
+    try:
+        await loop.sock_connect(sock, ("127.0.0.1", port))
+        await loop.sock_sendall(sock, head.encode() + b"Transfer-Encoding: chunked\r\n\r\n")
+        reader = asyncio.create_task(read())
+        chunk = b"%x\r\n%s\r\n" % (64 * 1024, b"a" * 64 * 1024)
+        sent = 0
+        deadline = loop.time() + scaled(30)
+        with contextlib.suppress(ConnectionError):
+            while sent < total and not reader.done() and loop.time() < deadline:
+                await asyncio.wait_for(loop.sock_sendall(sock, chunk), T)
+                sent += len(chunk)
+            await loop.sock_sendall(sock, b"0\r\n\r\n")
+        with contextlib.suppress(TimeoutError):  # the node should close; the old one did not
+            await asyncio.wait_for(asyncio.shield(reader), T)
+        closed = reader.done()
+        reader.cancel()
+        return sent, bytes(got), closed
+    finally:
+        sock.close()
 
 
 @pytest.mark.parametrize(

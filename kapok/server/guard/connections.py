@@ -43,7 +43,7 @@ from prometheus_client.registry import Collector
 
 from kapok.config import Config
 from kapok.errors import ConfigError, MessageTooLargeError
-from kapok.server.aiohttp_seam import ListeningSite, check_hooks, send_100_continue
+from kapok.server.aiohttp_seam import ListeningSite, can_keep_body, check_hooks, keep_body, send_100_continue
 from kapok.server.guard.conntable import Admit, ConnectionTable, ConnState, Limits
 from kapok.tasks import cancel_and_wait
 
@@ -268,19 +268,52 @@ async def guard_middleware(request: web.Request, handler: Handler) -> web.Stream
     if guard is not None:
         guard.set_state(request, ConnState.BUSY if request.content.is_eof() else ConnState.BODY)
     try:
+        if _unknown_length(request):
+            # Read here, in the stream's own small steps: aiohttp's ``read`` would buffer up
+            # to twice the limit first. Kept for the handler's ``read``/``post``/``json``.
+            body = await _read_within(request)
+            if body is None:
+                return await _refuse_body(request, _over_the_limit(request))
+            keep_body(request, body)
         response = await handler(request)
     finally:
         if guard is not None:
             guard.set_state(request, ConnState.IDLE)
     if response.status == 413 and not response.prepared and not request.content.is_eof():
-        # The body went over the limit as it was read (aiohttp's ``read``/``post`` stop at
-        # client_max_size); unanswered, aiohttp would then read the rest, up to ten seconds
-        # of it, before the client heard of the 413. The rest is never read.
-        limit = request.client_max_size
-        return await _refuse_body(
-            request, MessageTooLargeError(f"a request body is over this node's {limit} bytes")
-        )
+        # The body went over the limit as the handler read it (aiohttp's ``post`` of a
+        # multipart form stops at client_max_size); unanswered, aiohttp would then read the
+        # rest, up to ten seconds of it, before the client heard of the 413. Never read.
+        return await _refuse_body(request, _over_the_limit(request))
     return response
+
+
+def _unknown_length(request: web.BaseRequest) -> bool:
+    """A body without Content-Length (chunked) that the guard reads itself (not a multipart
+    form: aiohttp's ``post`` reads those part by part, within the limit)."""
+    return (
+        request.content_length is None
+        and request.body_exists
+        and bool(request.client_max_size)
+        and request.content_type != "multipart/form-data"
+        and can_keep_body(request)
+    )
+
+
+async def _read_within(request: web.BaseRequest) -> bytes | None:
+    """The whole body, or None as soon as it goes over the limit (the rest left unread)."""
+    limit = request.client_max_size
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await request.content.readany():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _over_the_limit(request: web.BaseRequest) -> MessageTooLargeError:
+    return MessageTooLargeError(f"a request body is over this node's {request.client_max_size} bytes")
 
 
 def body_too_large(request: web.BaseRequest) -> MessageTooLargeError | None:
