@@ -64,6 +64,9 @@ ALLOWED: Final[tuple[tuple[str, frozenset[str], str], ...]] = (
      "a log line is written where it happens, by design; lines are few and rate-limited"),
     ("logging/handlers.py", frozenset({"emit"}),
      "the same, for the rotating log file (log.file), its rotation included"),
+    ("kapok/storage/wal.py", frozenset({"_write"}),
+     "the WAL's small batches (INLINE_WRITE_BYTES, 64 KiB, no fsync awaited) are written inline "
+     "by design; larger ones go to its thread"),
     ("kapok/storage/disk.py", frozenset({"open"}),
      "start-up, before the node serves: makes and lists its storage folder"),
     ("kapok/replication/state.py", frozenset({"load"}),

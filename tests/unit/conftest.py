@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import pytest
 
+# The blocking-call detector of the integration layer, here too (see its conftest): a unit
+# test whose code under test blocks a running event loop fails.
+from tests.integration.conftest import blocking_calls  # noqa: F401
+
 
 @pytest.fixture(autouse=True)
 def _fresh_interpreters_unmeasured(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
