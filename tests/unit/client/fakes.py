@@ -27,6 +27,7 @@ from kapok.errors import (
     NotActiveError,
     QueueFullError,
     RateLimitedError,
+    StorageFullError,
 )
 
 SEED = "http://seed.test:1"
@@ -59,6 +60,7 @@ class FakeNode:
         self.tokens: int | None = None  # a rate limit: how many more messages it takes
         self.delay_s = 0.0  # each publish answers this much later
         self.silent = False  # publishes are never answered (a stopped process)
+        self.disk_full = False  # publishes are refused with storage_full, nothing stored
 
     def row(self, **fields: Any) -> dict[str, Any]:
         row = {"name": self.name, "http_url": self.url, "state": "alive", "role": "master",
@@ -79,6 +81,8 @@ class FakeNode:
     def store(self, msgs: list[dict[str, Any]]) -> list[str | KapokError]:
         if any(m["data"] == "bad" for m in msgs):
             raise BadRequestError("field 'data' is bad")  # the node refuses the whole batch
+        if self.disk_full:
+            raise StorageFullError(f"{self.name}: storage.dir is below storage.min_free_bytes")
         fresh = sum(1 for m in msgs if (m.get("dedup_id") or "") not in self.stored)
         if self.max_length and len(self.data) + fresh > self.max_length:
             raise QueueFullError(f"topic is full (max_length {self.max_length})")

@@ -43,6 +43,19 @@ async def test_a_batch_refused_as_full_confirms_what_fits_and_fails_the_rest_eac
     assert (producer.stats.confirmed, producer.stats.failed) == (5, 3)
 
 
+async def test_a_node_whose_disk_is_full_is_left_for_another_and_nothing_fails() -> None:
+    cluster = FakeCluster("a", "b")
+    cluster.nodes["a"].disk_full = True
+    with cluster.serving():
+        async with _producer(cluster, batch_size=10) as producer:
+            futures = [await producer.send(f"m{i}") for i in range(200)]
+            await asyncio.wait_for(producer.flush(), scaled(5))
+    assert all(f.exception() is None for f in futures)
+    assert not cluster.nodes["a"].data
+    assert sorted(cluster.nodes["b"].data) == sorted(f"m{i}" for i in range(200))
+    assert producer.stats.node("a").failures >= 1
+
+
 async def test_a_rate_limited_batch_is_retried_in_order_until_stored() -> None:
     cluster = FakeCluster("a")
     node = cluster.nodes["a"]
