@@ -144,18 +144,18 @@ class BrokerService:
 
     def publish(self, drafts: Sequence[Draft]) -> tuple[list[str], asyncio.Future[None] | None]:
         """Store a batch; returns the codes and what to await before confirming them."""
-        if self.gate is not None:
-            try:
+        try:
+            if self.gate is not None:
                 self.gate(True)
-            except ReplicationUnavailableError:
-                # A batch sent again after a failover, all of it already here (replicated
-                # before the master died): answer its codes, there is nothing to store.
-                known = self.broker.admission.known_codes(list(drafts), self.now())
-                if known is None:
-                    raise
-                self.broker.stats.duplicates += len(known)
-                return known, None
-        self._check_space()
+            self._check_space()
+        except (ReplicationUnavailableError, StorageFullError):
+            # A batch sent again (after a failover, or after its confirmation was lost), all
+            # of it already here: answer its codes, there is nothing to store.
+            known = self.broker.admission.known_codes(list(drafts), self.now())
+            if known is None:
+                raise
+            self.broker.stats.duplicates += len(known)
+            return known, None
         codes = self.broker.publish(drafts, self.now())
         return codes, self._settle()
 

@@ -264,8 +264,9 @@ async def test_a_full_store_refuses_new_messages_before_applying_them_and_takes_
     await service.start()
     try:
         codes, durable = service.publish([Draft("t", b"kept")])
-        assert durable is not None
-        await asyncio.wait_for(durable, T)
+        first, stored = service.publish([Draft("t", b"kept", dedup_id="d1")])
+        assert durable is not None and stored is not None
+        await asyncio.wait_for(asyncio.gather(durable, stored), T)
         entries = await service.pull("t", None, 1, 60.0, 0.0)
         assert [e.msg.code for e in entries] == codes
         free.free = 1000
@@ -276,6 +277,9 @@ async def test_a_full_store_refuses_new_messages_before_applying_them_and_takes_
             service.publish([Draft("t", b"refused")])
         assert str(tmp_path) in refused.value.message
         assert service.broker.stats.published == published, "nothing was applied"
+        # A batch sent again (its confirmation lost), all of it stored already: its codes.
+        again = service.publish([Draft("t", b"kept", dedup_id="d1")])[0]
+        assert again == first and service.broker.stats.published == published
         assert service.settle_in_group("t", None, codes, Settle.ACK) == []  # acks go on
         await service.store.wal.flush()
     finally:
