@@ -51,12 +51,19 @@ def setup_console(app: web.Application) -> None:
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         filters=FILTERS,
+        auto_reload=False,  # each template read once: no file check on the loop per page
     )
     env.trim_blocks = env.lstrip_blocks = True
+    for name in env.list_templates():  # compiled once, at start-up: pages read no file
+        env.get_template(name)
     app[SESSIONS] = Sessions(service.node_name, cfg.session_idle_s, service.now)
     app[RATES] = RateSampler(service)
     app.cleanup_ctx.append(rates_ctx)
     app.middlewares.append(console_guard)
     app.add_routes(views.routes)
     app.add_routes(api.routes)
-    app.router.add_static("/console/static/", folder / "static", name="static", append_version=True)
+    static = app.router.add_static("/console/static/", folder / "static", name="static", append_version=True)
+    # The versioned URLs (a hash of each file) made once here, not on every page render.
+    env.globals["assets"] = {
+        path.name: str(static.url_for(filename=path.name)) for path in (folder / "static").iterdir()
+    }

@@ -322,7 +322,7 @@ class DiskStore:
         await self.wal.aclose()
         if self.wal.failed is None:
             log.info("WAL closed at LSN %d: flushed and fsynced", self.wal.next_lsn)
-        self._snapshot_thread.shutdown(wait=True)
+        await asyncio.to_thread(self._snapshot_thread.shutdown, wait=True)  # joined off the loop
         if self.archive is not None:
             await self.archive.aclose()
         if self._lock_fd is not None:

@@ -257,8 +257,8 @@ class WriteAheadLog:
             await cancel_and_wait(task)
         self._submit_archive()  # whatever is still queued: a clean shutdown archives it all
         await asyncio.get_running_loop().run_in_executor(self._thread, self._close_file)
-        self._thread.shutdown(wait=True)
-        self._syncer.shutdown(wait=True)
+        for pool in (self._thread, self._syncer):  # joined off the loop: a last fsync may be slow
+            await asyncio.to_thread(pool.shutdown, wait=True)
 
     # ------------------------------------------------------------ appending
 
