@@ -22,9 +22,7 @@ import asyncio
 import contextlib
 import errno
 import json
-import os
 import shutil
-import subprocess
 import time
 import urllib.error
 import urllib.parse
@@ -35,6 +33,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from tests.e2e.disks import mounted_tmpfs
 
 from kapok.launch import NodeProcess, get_json, start_node, wait_for
 from kapok.testing.nodehttp import metric, publish
@@ -55,21 +54,8 @@ TOPIC = "jobs"
 @pytest.fixture(scope="module")
 def tmpfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One small tmpfs for the module's tests (each uses a directory of its own in it)."""
-    mount = tmp_path_factory.mktemp("disk")
-    try:
-        done = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        why = done.stderr.strip() if done.returncode else ""
-    except OSError as exc:
-        why = str(exc)
-    if why:
-        pytest.skip(f"a full disk needs a small tmpfs, and mounting one is not permitted here: {why}")
-    try:
+    with mounted_tmpfs(tmp_path_factory.mktemp("disk"), "16m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 @pytest.fixture
@@ -95,11 +81,6 @@ def fill(path: Path) -> int:
                     return written
                 chunk //= 4
     raise AssertionError("the disk never filled up")
-
-
-def free_bytes(path: Path) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
 
 
 # ---------------------------------------------------------------- the node

@@ -31,17 +31,17 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.e2e.disks import mounted_tmpfs
 
 from kapok.launch import NodeProcess, cluster_sets, get_json, start_node, stop_all, wait_for
 from kapok.storage.records import HEADER
-from kapok.storage.wal import list_segments
+from kapok.storage.wal import free_bytes, list_segments
 from kapok.testing.history import History
 from kapok.testing.nodehttp import drain, metric, publish
 from kapok.testing.pair import state_of
@@ -328,40 +328,16 @@ def test_a_slave_with_a_cut_log_never_takes_over_before_it_has_fetched_it_again(
 # ---------------------------------------------------------------- 3: a full disk
 
 
-@contextlib.contextmanager
-def _tmpfs(directory: Path, size: str) -> Iterator[Path]:
-    directory.mkdir(parents=True)
-    try:
-        done = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        why = done.stderr.strip() if done.returncode else ""
-    except OSError as exc:
-        why = str(exc)
-    if why:
-        pytest.skip(f"a full disk needs a small tmpfs, and mounting one is not permitted here: {why}")
-    try:
-        yield directory
-    finally:
-        subprocess.run(["umount", str(directory)], check=False)
-
-
-def _free_bytes(directory: Path) -> int:
-    st = os.statvfs(directory)
-    return st.f_bavail * st.f_frsize
-
-
 def test_a_full_disk_under_the_slave_stops_its_acks_and_heals_once_space_is_freed(tmp_path: Path) -> None:
     history = History()
     errors: dict[str, int] = {}
-    with _tmpfs(tmp_path / "slave-disk", "8m") as disk:
+    with mounted_tmpfs(tmp_path / "slave-disk", "8m") as disk:
         data = disk / "data"
         with _trio(tmp_path, slave_sets=(f"storage.dir={data}",)) as trio:
             _fill(trio.master.url, history, 500)
             wait_for(lambda: _in_sync(trio), DEADLINE_S, 0.05)
             filler = disk / "filler"
-            filler.write_bytes(bytes(_free_bytes(disk) - 256 * 1024))
+            filler.write_bytes(bytes(free_bytes(disk) - 256 * 1024))
             # The master goes on publishing: the slave's disk fills up.
             n = 500
             pad = "y" * 1000
@@ -406,14 +382,14 @@ def test_a_slave_that_needs_a_full_transfer_on_a_full_disk_waits_for_space_betwe
     once and waits for space instead of fetching the whole state again every second; once
     space is freed it gets one transfer and the pair is in sync with every confirmed message."""
     history = History()
-    with _tmpfs(tmp_path / "slave-disk", "8m") as disk:
+    with mounted_tmpfs(tmp_path / "slave-disk", "8m") as disk:
         data = disk / "data"
         sets = {"slave_sets": (f"storage.dir={data}",), "master_sets": ("replication.backlog_bytes=65536",)}
         with _trio(tmp_path, **sets) as trio:
             _fill(trio.master.url, history, 500)
             wait_for(lambda: _in_sync(trio), DEADLINE_S, 0.05)
             filler = disk / "filler"
-            filler.write_bytes(bytes(_free_bytes(disk) - 512 * 1024))
+            filler.write_bytes(bytes(free_bytes(disk) - 512 * 1024))
             os.kill(trio.slave.pid, signal.SIGSTOP)
             try:
                 n, pad, confirmed = 500, "y" * 1000, 0

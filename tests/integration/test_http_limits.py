@@ -123,9 +123,9 @@ async def test_a_chunked_body_over_the_limit_is_cut_off_at_the_limit(
     assert closed, "the node kept the connection open"
     status, _, rest = got.partition(b"\r\n")
     assert status == b"HTTP/1.1 413 Request Entity Too Large", got[:300]
-    head_lines, _, body = rest.partition(b"\r\n\r\n")
+    head_lines, _, answered = rest.partition(b"\r\n\r\n")
     assert b"Connection: close" in head_lines and b"Content-Type: application/json" in head_lines
-    answer = orjson.loads(body)
+    answer = orjson.loads(answered)
     assert answer["error"] == "message_too_large" and str(limit) in answer["message"], answer
     assert grown < 40, f"RSS grew by {grown:.0f} MB"
     # The node serves on, and a chunked body within the limit is read whole.

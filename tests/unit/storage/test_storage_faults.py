@@ -11,14 +11,11 @@ ENOSPC after a short write, as a real one does.
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.unit.storage.walfiles import make_records, read_log
+from tests.unit.storage.walfiles import FillingDisk, make_records, read_log
 
 from kapok.config import load_config
 from kapok.core.broker import Broker
@@ -32,42 +29,13 @@ from kapok.testing.slow import scaled
 T = scaled(10.0)  # upper bound of every wait
 
 
-class _Disk:
-    """``os.writev`` and ``os.write`` as a disk that can fill up: while ``full``, a writev
-    writes half of what it is given (a short write) and the next write raises ENOSPC."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.full = False
-        self.refused = 0
-        self._writev, self._write = os.writev, os.write
-        monkeypatch.setattr("kapok.storage.wal.os.writev", self.writev)
-        monkeypatch.setattr("kapok.storage.wal.os.write", self.write)
-
-    def writev(self, fd: int, buffers: list[bytes]) -> int:
-        if not self.full:
-            return self._writev(fd, buffers)
-        data = b"".join(buffers)
-        return self._write(fd, data[: len(data) // 2])
-
-    def write(self, fd: int, data: bytes | memoryview) -> int:
-        if self.full:
-            self.refused += 1
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return self._write(fd, data)
-
-
-@pytest.fixture
-def disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Disk]:
-    yield _Disk(monkeypatch)
-
-
 def _wal(directory: Path, policy: str) -> WriteAheadLog:
     return WriteAheadLog(directory, policy=policy, interval_ms=10, segment_max_bytes=1 << 22)
 
 
 @pytest.mark.parametrize("policy", ["always", "interval", "never"])
 async def test_a_slaves_batch_waits_for_space_and_is_written_once_it_is_freed(
-    tmp_path: Path, disk: _Disk, policy: str, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, disk: FillingDisk, policy: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, "kapok.storage")
     wal = _wal(tmp_path, policy)
@@ -98,7 +66,7 @@ async def test_a_slaves_batch_waits_for_space_and_is_written_once_it_is_freed(
 
 
 async def test_closing_gives_up_the_wait_and_acknowledges_nothing(
-    tmp_path: Path, disk: _Disk, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, disk: FillingDisk, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, "kapok.storage")
     wal = _wal(tmp_path, "always")
@@ -117,7 +85,7 @@ async def test_closing_gives_up_the_wait_and_acknowledges_nothing(
     assert any("were not written" in r.getMessage() for r in caplog.records)
 
 
-async def test_write_now_leaves_a_slaves_batches_to_the_flusher(tmp_path: Path, disk: _Disk) -> None:
+async def test_write_now_leaves_a_slaves_batches_to_the_flusher(tmp_path: Path, disk: FillingDisk) -> None:
     wal = _wal(tmp_path, "never")
     wal.start(0)
     await wal.append(make_records(1))

@@ -15,12 +15,11 @@ import asyncio
 import errno
 import logging
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.unit.storage.walfiles import make_records, read_log
+from tests.unit.storage.walfiles import FillingDisk, make_records, read_log
 
 from kapok.config import load_config
 from kapok.core.broker import Settle
@@ -35,44 +34,6 @@ from kapok.testing.slow import scaled
 
 T = scaled(10.0)  # upper bound of every wait
 MIB = 1024 * 1024
-
-
-class _Disk:
-    """A disk that can fill up: while ``full``, a writev writes half of what it is given
-    (a short write), the next write raises ENOSPC, and so does creating a file."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.full = False
-        self.refused = 0
-        self._writev, self._write, self._open = os.writev, os.write, os.open
-        monkeypatch.setattr("kapok.storage.wal.os.writev", self.writev)
-        monkeypatch.setattr("kapok.storage.wal.os.write", self.write)
-        monkeypatch.setattr("kapok.storage.wal.os.open", self.open)
-
-    def _no_space(self) -> OSError:
-        self.refused += 1
-        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    def writev(self, fd: int, buffers: list[bytes]) -> int:
-        if not self.full:
-            return self._writev(fd, buffers)
-        data = b"".join(buffers)
-        return self._write(fd, data[: len(data) // 2])
-
-    def write(self, fd: int, data: bytes | memoryview) -> int:
-        if self.full:
-            raise self._no_space()
-        return self._write(fd, data)
-
-    def open(self, path: Any, flags: int, mode: int = 0o777) -> int:
-        if self.full and flags & os.O_CREAT:
-            raise self._no_space()
-        return self._open(path, flags, mode)
-
-
-@pytest.fixture
-def disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Disk]:
-    yield _Disk(monkeypatch)
 
 
 class _Replica:
@@ -92,7 +53,7 @@ def _wal(directory: Path, policy: str, segment_max_bytes: int = 1 << 22) -> Writ
 
 @pytest.mark.parametrize("policy", ["always", "never"])
 async def test_the_masters_own_records_wait_for_space_and_queue_behind_it(
-    tmp_path: Path, disk: _Disk, policy: str, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, disk: FillingDisk, policy: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, "kapok.storage")
     wal = _wal(tmp_path, policy)
@@ -118,7 +79,9 @@ async def test_the_masters_own_records_wait_for_space_and_queue_behind_it(
     assert sum("writes again" in r.getMessage() for r in caplog.records) == 1
 
 
-async def test_write_now_on_a_full_disk_hands_the_records_to_the_flusher(tmp_path: Path, disk: _Disk) -> None:
+async def test_write_now_on_a_full_disk_hands_the_records_to_the_flusher(
+    tmp_path: Path, disk: FillingDisk
+) -> None:
     wal = _wal(tmp_path, "never")
     replica = wal.replica = _Replica()
     wal.start(0)
@@ -135,7 +98,7 @@ async def test_write_now_on_a_full_disk_hands_the_records_to_the_flusher(tmp_pat
     assert replica.offered == [0, 1], "each batch goes to the slave's link once"
 
 
-async def test_a_segment_that_cannot_be_created_waits_for_space(tmp_path: Path, disk: _Disk) -> None:
+async def test_a_segment_that_cannot_be_created_waits_for_space(tmp_path: Path, disk: FillingDisk) -> None:
     wal = _wal(tmp_path, "interval", segment_max_bytes=64)  # every batch opens a new segment
     wal.start(0)
     await wal.append(make_records(2))
@@ -149,7 +112,7 @@ async def test_a_segment_that_cannot_be_created_waits_for_space(tmp_path: Path, 
     assert read_log(tmp_path) == make_records(4)
 
 
-async def test_a_stopping_node_gives_up_the_wait_at_once(tmp_path: Path, disk: _Disk) -> None:
+async def test_a_stopping_node_gives_up_the_wait_at_once(tmp_path: Path, disk: FillingDisk) -> None:
     # Nothing of the stop (a request awaiting its confirmation, a hand-over's flush) may wait
     # for space that may never come; the connections' last acks fail quietly, not raising.
     wal = _wal(tmp_path, "never")
@@ -224,7 +187,7 @@ async def test_the_watch_says_full_below_the_reserve_and_heals_by_itself(
     assert sum("space again" in m for _, m in lines) == 1, lines
 
 
-async def test_a_reserve_of_0_means_full_only_while_a_write_waits(tmp_path: Path, disk: _Disk) -> None:
+async def test_a_reserve_of_0_means_full_only_while_a_write_waits(tmp_path: Path, disk: FillingDisk) -> None:
     wal = _wal(tmp_path, "never")
     watch = SpaceWatch(tmp_path, 0, wal, probe=_Free(0))
     watch.serving = True
@@ -281,7 +244,7 @@ async def test_a_full_store_refuses_new_messages_before_applying_them_and_takes_
         again = service.publish([Draft("t", b"kept", dedup_id="d1")])[0]
         assert again == first and service.broker.stats.published == published
         assert service.settle_in_group("t", None, codes, Settle.ACK) == []  # acks go on
-        await service.store.wal.flush()
+        await store.wal.flush()
     finally:
         await service.aclose()
     assert any("no shutdown snapshot" in r.getMessage() for r in caplog.records)
@@ -297,7 +260,7 @@ class _Sink:
 
 
 async def test_deliveries_of_durable_messages_do_not_wait_for_a_write_that_waits_for_space(
-    tmp_path: Path, disk: _Disk
+    tmp_path: Path, disk: FillingDisk
 ) -> None:
     # A publish slipped in before the disk was seen full, and its write waits for space:
     # only its own delivery waits with it; the backlog before it is delivered meanwhile.

@@ -1,8 +1,13 @@
-"""Helpers of the WAL tests: records to log, and what a log directory holds."""
+"""Helpers of the WAL tests: records to log, what a log directory holds, a disk that fills up."""
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from kapok.core.changes import Change, GroupCreated
 from kapok.storage.records import FrameReader
@@ -21,3 +26,36 @@ def read_log(directory: Path) -> list[Change]:
         found.extend(reader)
         assert reader.problem is None, (segment.path.name, reader.problem)
     return found
+
+
+class FillingDisk:
+    """A disk that can fill up: while ``full``, a writev writes half of what it is given
+    (a short write), the next write raises ENOSPC, and so does creating a file."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.full = False
+        self.refused = 0
+        self._writev, self._write, self._open = os.writev, os.write, os.open
+        monkeypatch.setattr("kapok.storage.wal.os.writev", self.writev)
+        monkeypatch.setattr("kapok.storage.wal.os.write", self.write)
+        monkeypatch.setattr("kapok.storage.wal.os.open", self.open)
+
+    def _no_space(self) -> OSError:
+        self.refused += 1
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def writev(self, fd: int, buffers: list[bytes]) -> int:
+        if not self.full:
+            return self._writev(fd, buffers)
+        data = b"".join(buffers)
+        return self._write(fd, data[: len(data) // 2])
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        if self.full:
+            raise self._no_space()
+        return self._write(fd, data)
+
+    def open(self, path: Any, flags: int, mode: int = 0o777) -> int:
+        if self.full and flags & os.O_CREAT:
+            raise self._no_space()
+        return self._open(path, flags, mode)
