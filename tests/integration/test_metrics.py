@@ -16,7 +16,7 @@ from kapok.core.model import Draft
 from kapok.server.routes.openapi import document
 from kapok.testing.slow import scaled
 
-KEY = {"Authorization": "Bearer test"}  # scrapes with the key do not wait for the pace
+KEY = {"Authorization": "Bearer test"}  # scrapes with the key do not wait for those without it
 MANY = 2000  # topics: a render costs far more than CHEAP_RENDER_S, so it is reused
 # kapok.server.routes.metrics's, spelled out: the scrapers' contract.
 OTHER_TOPICS, ALL_GROUPS, MAX_AGE_S = "(other topics)", "(all groups)", 1.0
@@ -148,6 +148,15 @@ async def test_scrapes_without_the_key_share_a_pace_that_the_key_skips(node: Any
     statuses = [status for status, _ in answers]
     assert set(statuses) == {200, 429}, statuses  # 40 at once: more than two seconds of turns
     assert max(t for status, t in answers if status == 200) > keyed_at  # the key jumped the queue
+
+    # Scrapes with the key have a pace of their own: 20 a second, waiting at most 5 s.
+    async def keyed(unlimited: aiohttp.ClientSession) -> int:
+        async with unlimited.get(node.url + "/metrics", headers=KEY) as resp:
+            return resp.status
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as unlimited:
+        keyed_statuses = await asyncio.gather(*(keyed(unlimited) for _ in range(160)))  # 8 s of turns
+    assert set(keyed_statuses) == {200, 429} and keyed_statuses.count(200) < 130, keyed_statuses
     # A wrong bearer token is refused, not paced.
     async with session.get(node.url + "/metrics", headers={"Authorization": "Bearer wrong"}) as resp:
         assert resp.status == 401
