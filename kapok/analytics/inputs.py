@@ -10,7 +10,10 @@ Local inputs are checked here, so that a typo costs a line, not Spark's start-up
 each of which must be readable and start like an archive (its first line a JSON
 object with an ``ev``). Anything with a URI scheme other than ``file:``
 (``hdfs://``, ``s3a://`` …) goes to Spark unchecked: it may name what no local
-check can see. Without ``--output``, the output goes next to the first storage dir:
+check can see. Such a URI naming a directory is a storage dir too (``hdfs://nn/data``
+→ ``hdfs://nn/data/archive``), unless its last segment is ``archive``; a glob or a
+``.jsonl`` file goes as it is (name another archive folder by a glob:
+``hdfs://nn/x/archive-*.jsonl``). Without ``--output``, the output goes next to the first storage dir:
 ``<storage.dir>/analytics``, where the console looks for ``summary.json``.
 """
 
@@ -24,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+from urllib.parse import urlsplit
 
 from kapok.errors import AnalyticsError
 
@@ -68,7 +72,7 @@ def resolve_inputs(specs: Sequence[str]) -> Inputs:
     size = 0
     for spec in specs:
         if _SCHEME.match(spec) and not spec.startswith("file://"):
-            sources.append(spec)
+            sources.append(_remote_source(spec))
             continue
         local = spec.removeprefix("file://")
         found, is_storage = _local_files(local)
@@ -79,6 +83,19 @@ def resolve_inputs(specs: Sequence[str]) -> Inputs:
             sources.append(str(path))
             files += 1
     return Inputs(sources, files, size, storage_dir)
+
+
+def _remote_source(uri: str) -> str:
+    """What Spark reads for a URI no local check can see: a storage dir's ``archive/``.
+
+    A URI naming a directory (no glob, last segment neither ``archive`` nor a file's
+    ``….jsonl``) is a node's storage dir, as ``--output`` defaults and the console assume.
+    """
+    path = urlsplit(uri).path.rstrip("/")
+    last = path.rsplit("/", 1)[-1]
+    if glob.has_magic(path) or last in ("", "archive") or last.endswith(".jsonl"):
+        return uri
+    return uri.rstrip("/") + "/archive"
 
 
 def _local_files(spec: str) -> tuple[list[Path], bool]:

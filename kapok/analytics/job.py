@@ -19,8 +19,10 @@ are small (a row per topic and hour) and are cached, as each feeds several outpu
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,6 +33,8 @@ from py4j.protocol import Py4JError
 from pyspark import StorageLevel
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from kapok.analytics import transforms as tf
 from kapok.analytics.session import first_line
@@ -39,6 +43,9 @@ from kapok.errors import AnalyticsError
 __all__ = ["SUMMARY_FILE", "JobResult", "run_job", "write_text"]
 
 SUMMARY_FILE = "summary.json"
+DAY_S = 86400
+# Timestamps as Parquet INT64 microseconds, UTC-adjusted (not the legacy INT96).
+WRITE_CONF = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +56,7 @@ class JobResult:
     topics: int
     topic_hours: int
     summary: dict[str, Any]
+    kept_days: tuple[str, ...] = ()  # recomputed days left as written: the archive lost some events
 
 
 def run_job(
@@ -80,6 +88,9 @@ def _run(
         if sources
         else spark.createDataFrame([], tf.EVENT_SCHEMA)  # a node that has archived nothing yet
     )
+    # A window is widened to whole days: every day partition it touches is recomputed
+    # from all of that day's events the archive still holds, never from a part of them.
+    since_t = None if since_t is None else math.floor(since_t / DAY_S) * DAY_S
     cached: list[DataFrame] = []
 
     def cache(frame: DataFrame) -> DataFrame:
@@ -96,19 +107,108 @@ def _run(
         events = tf.events_only(rows)
         percentiles = cache(tf.latency_percentiles(tf.latencies(events, since_t)))
         hourly = cache(tf.hourly_table(tf.hourly_counts(tf.events_since(events, since_t)), percentiles))
-        topic_hours = hourly.count()
         daily = cache(tf.daily_counts(hourly))
-        hourly.coalesce(1).write.mode("overwrite").partitionBy("day").parquet(_join(output, "hourly"))
-        daily.coalesce(1).write.mode("overwrite").partitionBy("day").parquet(_join(output, "daily"))
-        topic_rows = [row.asDict() for row in tf.topic_totals(daily, percentiles).collect()]
-        day_rows = [row.asDict() for row in daily.collect()]
+        kept = _partial_days(spark, output, hourly, daily)
+        if kept:
+            progress(
+                f"kept {len(kept)} earlier day(s) as they were ({', '.join(kept)}): "
+                "the archive no longer holds all their events"
+            )
+            hourly = hourly.where(~F.col("day").isin(kept))
+            daily = daily.where(~F.col("day").isin(kept))
+        topic_hours = hourly.count()
+        with _write_conf(spark):
+            for name, table in (("hourly", hourly), ("daily", daily)):
+                (
+                    table.coalesce(1)
+                    .write.mode("overwrite")
+                    .option("partitionOverwriteMode", "dynamic")  # only the days written here
+                    .partitionBy("day")
+                    .parquet(_join(output, name))
+                )
+        # The summary covers every day of the table (history older than the archive too),
+        # not only the days this run recomputed; its latencies are those of the acks read.
+        history = _read_table(spark, _join(output, "daily"), daily.schema)
+        topic_rows = [row.asDict() for row in tf.topic_totals(history, percentiles).collect()]
+        day_rows = [row.asDict() for row in history.collect()]
     finally:
         for frame in cached:
             frame.unpersist()
     generated_at = datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
     summary = tf.summary(topic_rows, day_rows, generated_at)
     write_text(spark, _join(output, SUMMARY_FILE), orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
-    return JobResult(output, count, skipped, len(topic_rows), topic_hours, summary)
+    return JobResult(output, count, skipped, len(topic_rows), topic_hours, summary, tuple(kept))
+
+
+def _partial_days(spark: SparkSession, output: str, hourly: DataFrame, daily: DataFrame) -> list[str]:
+    """The recomputed days whose written partition holds more than the archive still does.
+
+    A day's existing partition wins when it has an hour earlier than the recount's first
+    hour of that day, or more counted events: the archive lost some of that day's events
+    (retention, or fewer inputs), so the recount would be partial.
+    """
+    old_daily = _read_table(spark, _join(output, "daily"), daily.schema)
+    old_hourly = _read_table(spark, _join(output, "hourly"), hourly.schema)
+    if old_daily is None or old_hourly is None:
+        return []
+    days = [str(row["day"]) for row in daily.select("day").distinct().collect()]
+    if not days:
+        return []
+    counted = sum((F.col(name) for name in tf.COUNTED_EVENTS[1:]), F.col(tf.COUNTED_EVENTS[0]))
+
+    def per_day(table_daily: DataFrame, table_hourly: DataFrame) -> dict[str, tuple[int, Any]]:
+        totals = {
+            str(r["day"]): int(r["n"])
+            for r in table_daily.where(F.col("day").isin(days))
+            .groupBy("day")
+            .agg(F.sum(counted).alias("n"))
+            .collect()
+        }
+        firsts = {
+            str(r["day"]): r["first"]
+            for r in table_hourly.where(F.col("day").isin(days))
+            .groupBy("day")
+            .agg(F.min("hour").alias("first"))
+            .collect()
+        }
+        return {day: (totals.get(day, 0), firsts.get(day)) for day in set(totals) | set(firsts)}
+
+    old = per_day(old_daily, old_hourly)
+    new = per_day(daily, hourly)
+    kept = []
+    for day, (old_n, old_first) in old.items():
+        new_n, new_first = new.get(day, (0, None))
+        earlier = old_first is not None and (new_first is None or old_first < new_first)
+        if old_n > new_n or earlier:
+            kept.append(day)
+    return sorted(kept)
+
+
+def _read_table(spark: SparkSession, uri: str, schema: StructType) -> DataFrame | None:
+    """A table written by an earlier run (None if there is none), its ``day`` a string."""
+    jvm: Any = spark.sparkContext._jvm
+    conf: Any = spark.sparkContext._jsc.hadoopConfiguration()
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    fs = path.getFileSystem(conf)
+    if not fs.exists(path) or not fs.globStatus(jvm.org.apache.hadoop.fs.Path(uri + "/day=*")):
+        return None
+    return spark.read.schema(schema).parquet(uri)
+
+
+@contextmanager
+def _write_conf(spark: SparkSession) -> Iterator[None]:
+    """The session's settings for the job's writes, restored after (the session may be a caller's)."""
+    before = {key: spark.conf.get(key, None) for key in WRITE_CONF}
+    for key, value in WRITE_CONF.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
 
 
 def _join(base: str, name: str) -> str:

@@ -5,7 +5,8 @@ checked before the JVM starts so that their absence is one clear line, not a pag
 Java. On a ``local[…]`` master the driver binds to loopback (else Spark binds the
 machine's outward interface), the UI stays off, Python workers run this interpreter
 (so they import the same kapok and pyarrow), and shuffles use a few partitions
-instead of 200. Every session computes in UTC.
+instead of 200. Every session computes in UTC and writes Parquet timestamps as INT64
+microseconds (UTC-adjusted).
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ def build_session(
     builder = SparkSession.builder.master(master).appName(app_name)
     settings = {
         "spark.sql.session.timeZone": "UTC",
+        # Parquet timestamps as INT64 microseconds adjusted to UTC, not the legacy INT96.
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         "spark.ui.showConsoleProgress": "false",
         **local_conf(master),
         **(conf or {}),
