@@ -23,6 +23,7 @@ from kapok.clock import Clock, SystemClock, Timer
 from kapok.cluster.node import format_addr, split_addr
 from kapok.config import Config
 from kapok.core.broker import Broker, Draft, Settle
+from kapok.core.changes import REQUEUED
 from kapok.core.model import Consumer, Entry
 from kapok.core.topics import Group
 from kapok.errors import (
@@ -245,7 +246,7 @@ class BrokerService:
         now = self.now()
         draft = Draft(origin, msg.data, msg.key, msg.priority, producer_id=msg.producer_id)
         (new_code,) = self.broker.publish([draft], now)  # raises (queue_full...) before anything changes
-        self.broker.finish(code, "requeued", now)
+        self.broker.finish(code, REQUEUED, now)  # its end is archived as ``requeued``, not an ack
         return new_code, self._settle()
 
     async def pull(

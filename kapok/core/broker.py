@@ -536,18 +536,19 @@ class Broker:
         if msg is None:
             return False
         if msg.live:
-            self._end_message(msg, Status.DROPPED, "deleted", now)
+            self._end_message(msg, Status.DROPPED, ch.DELETED, now)
         # A retained copy leaves the retention queue lazily (see tick).
         self.stats.deleted += 1
         if self.journal:
-            self._changes.append(ch.MessageDeleted(code, now))
+            self._changes.append(ch.MessageDeleted(code, now, msg.topic))
         self._dispatch(now)
         return True
 
     def finish(self, code: str, reason: str, now: float) -> bool:
         """Settle every open entry of a live message as consumed, wherever it is (queued,
         delayed or in flight); the console's requeue from a DLQ settles the dead letter it
-        published again. False: no live message with that code."""
+        published again (reason ``changes.REQUEUED``: archived as ``requeued``, not as an
+        ack). False: no live message with that code."""
         msg = self.messages.get(code)
         if msg is None or not msg.live:
             return False
@@ -606,10 +607,12 @@ class Broker:
         """Codes made from now on use sequence numbers from ``next_seq`` up (never lower)."""
         self._seq = max(self._seq, next_seq)
 
-    def resume(self, msg: Message, now: float) -> int:
+    def resume(self, msg: Message, now: float, reason: str = "recovery") -> int:
         """Make a replayed live message deliverable: its open entries go back to their queues
-        (or wait for ``deliver_at``, or are dead-lettered past ``max_deliveries``). Returns
-        how many of them had been delivered before (they are delivered again)."""
+        (or wait for ``deliver_at``, or are dead-lettered past ``max_deliveries``). An entry
+        replayed as in flight (delivered, never settled nor requeued) is requeued for
+        ``reason`` ("recovery", "takeover"), which is journaled like any other requeue.
+        Returns how many were (they are delivered again)."""
         topic = self.topics[msg.topic]
         timers = self.timers
         topic.live_count += 1
@@ -627,11 +630,16 @@ class Broker:
         for entry in msg.all_entries():
             if entry.status.final:
                 continue
-            if entry.attempts:
-                redelivered += 1
             if limit and not topic.is_dlq and entry.attempts >= limit:
                 self._dead_letter(entry, "max_deliveries", now)
-            elif delayed:
+                continue
+            if entry.status is _INFLIGHT:
+                redelivered += 1
+                if self.journal:
+                    self._changes.append(
+                        ch.Requeued(msg.code, msg.topic, entry.group.name, reason, now, entry.attempts)
+                    )
+            if delayed:
                 entry.status = Status.DELAYED
                 topic.delayed_count += 1
             else:
@@ -713,7 +721,10 @@ class Broker:
         entry.group.push_ready(entry, front=True)
         self._dirty.add(entry.group)
         if self.journal:
-            self._changes.append(ch.Requeued(entry.msg.code, entry.msg.topic, entry.group.name, reason, now))
+            msg = entry.msg
+            self._changes.append(
+                ch.Requeued(msg.code, msg.topic, entry.group.name, reason, now, entry.attempts)
+            )
 
     def _dead_letter(self, entry: Entry, reason: str, now: float) -> None:
         msg = entry.msg
@@ -764,7 +775,7 @@ class Broker:
             elif st is Status.DELAYED:
                 entry.group.topic.delayed_count -= 1
             if status is Status.EXPIRED and self.settings.expired == "dead_letter":
-                self._dead_letter(entry, "expired", now)
+                self._dead_letter(entry, ch.EXPIRED, now)
             else:
                 self._finish(entry, status, reason, now)
         self.timers.undelay(msg)

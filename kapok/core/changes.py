@@ -15,6 +15,9 @@ from __future__ import annotations
 from kapok.core.frozen import record
 
 __all__ = [
+    "DELETED",
+    "EXPIRED",
+    "REQUEUED",
     "Change",
     "Checkpoint",
     "Deduped",
@@ -25,6 +28,12 @@ __all__ = [
     "Requeued",
     "Settled",
 ]
+
+
+# Settled reasons with a meaning of their own (see ``Settled``).
+REQUEUED = "requeued"
+DELETED = "deleted"
+EXPIRED = "expired"
 
 
 @record
@@ -62,16 +71,32 @@ class Delivered:
 
 @record
 class Requeued:
+    """A delivered, unacked entry made ready again.
+
+    ``reason``: "nack" | "timeout" | "disconnect", or at start-up "recovery" (in flight
+    when the node stopped) and "takeover" (in flight on the master a slave took over
+    from); "snapshot" in a snapshot (an entry delivered before and ready again).
+    ``attempts``: the delivery attempt that ended unacked (0 in records written before
+    the field existed).
+    """
+
     code: str
     topic: str
     group: str
-    reason: str  # "nack" | "timeout" | "disconnect"
+    reason: str
     at: float
+    attempts: int = 0
 
 
 @record
 class Settled:
-    """An entry reached a final status (consumed, dead, expired, dropped)."""
+    """An entry reached a final status (consumed, dead, expired, dropped).
+
+    A few reasons give the end a meaning of its own (the archive's events rely on them):
+    consumed with ``REQUEUED`` is a dead letter published again to its topic, not an
+    ack; dropped with ``DELETED`` is an entry of a message deleted by the console or the
+    API; dead with ``EXPIRED`` is a TTL that passed with ``mq.expired: dead_letter``.
+    """
 
     code: str
     topic: str
@@ -85,6 +110,7 @@ class Settled:
 class MessageDeleted:
     code: str
     at: float
+    topic: str = ""  # "" in records written before the field existed
 
 
 @record

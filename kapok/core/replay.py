@@ -5,7 +5,11 @@ after it into a fresh ``Broker`` with ``apply``, then ``finish_recovery``
 turns the replayed facts into live structures at the real ``now``: open
 entries become ready (or delayed, if not yet due), so whatever was in
 flight when the node stopped is delivered again, flagged by its attempt
-count; finished messages go to retention; timers are rebuilt. Both go
+count, and journaled as a requeue (reason "recovery", or "takeover" on a
+promoted slave); finished messages go to retention; timers are rebuilt.
+Replay tells in-flight entries from the others by their last record: a
+``Delivered`` leaves an entry ``INFLIGHT`` (with no consumer), a
+``Requeued`` makes it ``READY`` again. Both go
 through the broker's public seams (``restore_*``, ``resume``, ``retire``),
 never its private fields, so a replication slave can use them the same way.
 
@@ -63,6 +67,11 @@ def apply(broker: Broker, record: ch.Change) -> None:
         if entry is not None and not entry.status.final:
             entry.attempts = max(entry.attempts, record.attempts)
             entry.last_delivered_at = record.at
+            entry.status = Status.INFLIGHT
+    elif isinstance(record, ch.Requeued):
+        entry = _entry(broker, record.code, record.group)
+        if entry is not None and entry.status is Status.INFLIGHT:
+            entry.status = Status.READY
     elif isinstance(record, ch.Settled):
         entry = _entry(broker, record.code, record.group)
         if entry is not None and not entry.status.final:
@@ -79,8 +88,6 @@ def apply(broker: Broker, record: ch.Change) -> None:
         broker.admission.dedup.add(record.topic, record.dedup_id, record.code, record.at)
     elif isinstance(record, ch.Checkpoint):
         broker.restore_seq(record.next_seq)
-    # Requeued changes nothing that survives a restart: every open entry is
-    # ready again after recovery anyway.
 
 
 def _entry(broker: Broker, code: str, group: str) -> Entry | None:
@@ -92,13 +99,14 @@ def _shared(name: str) -> str:
     return sys.intern(name) if name else ""
 
 
-def finish_recovery(broker: Broker, now: float) -> int:
-    """Turn replayed state into queues and timers; returns how many entries are delivered again."""
+def finish_recovery(broker: Broker, now: float, reason: str = "recovery") -> int:
+    """Turn replayed state into queues and timers; returns how many entries in flight are
+    requeued (journaled with ``reason``) to be delivered again."""
     redelivered = 0
     broker.admission.dedup.expire(now)
     for msg in sorted(broker.messages.values(), key=lambda m: m.seq):
         if msg.live:
-            redelivered += broker.resume(msg, now)
+            redelivered += broker.resume(msg, now, reason)
         else:
             broker.retire(msg, now)
     broker.dispatch(now)
@@ -125,6 +133,10 @@ def state_records(broker: Broker, now: float) -> Iterator[ch.Change]:
         for e in durable:
             if e.attempts:
                 yield ch.Delivered(msg.code, msg.topic, e.group.name, e.attempts, e.last_delivered_at)
+                if not e.status.final and e.status is not Status.INFLIGHT:  # requeued since
+                    yield ch.Requeued(
+                        msg.code, msg.topic, e.group.name, "snapshot", e.last_delivered_at, e.attempts
+                    )
             if e.status.final:
                 yield ch.Settled(msg.code, msg.topic, e.group.name, e.status.value, "snapshot", e.settled_at)
 
@@ -180,8 +192,9 @@ class Mirror:
         return forgotten
 
     def promote(self, now: float) -> int:
-        """Make the mirrored state live; returns how many entries are delivered again."""
-        return finish_recovery(self.broker, now)
+        """Make the mirrored state live; returns how many entries in flight on the master
+        are requeued (journaled with reason "takeover") to be delivered again."""
+        return finish_recovery(self.broker, now, "takeover")
 
 
 def _finished_at(record: ch.Settled | ch.Published) -> float:

@@ -371,10 +371,11 @@ class ReplicationNode:
         store: DiskStore = self.service.store
         was_fenced = self.role is Role.FENCED
         if not was_fenced:
+            # The archive first: the takeover's requeues (written by ``resumed``) are archived too.
+            await store.start_archive()
             redelivered = self.mirror.promote(self.now())
             self._mirror = None
             self.service.resumed()
-            await store.start_archive()
             log.warning(
                 "now the active master (%s): epoch %d from LSN %d, %d deliveries requeued",
                 why, self.state.epoch, wal.next_lsn, redelivered,

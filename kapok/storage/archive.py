@@ -5,9 +5,11 @@ WAL and snapshots own recovery. So it is written for cheap, forgiving reads:
 
 * ``archive_events`` (pure) turns change records (their rows, as the WAL
   holds them: ``kapok.storage.records``) into flat lifecycle events,
-  one JSON object each: ``{"ev", "code", "topic", "group", "t", ...}``. A
-  ``deleted`` event carries no topic (``MessageDeleted`` has none; join on
-  ``code`` with the ``published`` event).
+  one JSON object each: ``{"ev", "code", "topic", "group", "t", ...}``. Each
+  kind means one thing (docs/analytics.md, "Event schema"): a requeue from
+  a DLQ is ``requeued``, not ``acked``; a delete is one ``deleted`` event,
+  not a ``dropped`` per open entry; an expiry moved to the DLQ is both
+  ``expired`` and ``dead_lettered``.
 * ``Archive`` (I/O) appends them, one ``\\n``-terminated line per event, to
   ``archive-<UTC yyyymmddTHHMMSS>-<n>.jsonl`` files under its directory.
   ``<n>`` grows across files and restarts, so it gives the creation order even
@@ -91,7 +93,8 @@ def archive_events(rows: Sequence[list[Any]]) -> list[Event]:
     does not know yet is written under its own name rather than dropped, so new
     statuses stay visible. Every event's first key is ``ev`` (``encode_events``
     relies on it). Rows, not records: the archive needs no message data, and
-    building records would cost more than the events themselves.
+    building records would cost more than the events themselves. Rows of records
+    written before a field was added are shorter: the field is left out.
     """
     # This runs for every record the node writes (three per consumed message), so it
     # dispatches on the kind, most frequent first, and builds dict literals.
@@ -106,8 +109,14 @@ def archive_events(rows: Sequence[list[Any]]) -> list[Event]:
         elif kind == _SETTLED:
             _, code, topic, group, status, reason, at = row
             if status == _DEAD:
+                if reason == _EXPIRED:  # the TTL passed, and mq.expired sent it to the DLQ
+                    add({"ev": "expired", "code": code, "topic": topic, "group": group, "t": at})
                 add({"ev": "dead_lettered", "code": code, "topic": topic, "group": group, "t": at,
                      "reason": reason})  # fmt: skip
+            elif reason == _REQUEUED_FROM_DLQ and status == _CONSUMED:  # published again: no ack
+                add({"ev": "requeued", "code": code, "topic": topic, "group": group, "t": at})
+            elif reason == _DELETE and status == _DROPPED:
+                pass  # a deleted message's open entries: its one ``deleted`` event follows
             else:
                 add({"ev": _SETTLED_EVENTS.get(status, status), "code": code, "topic": topic, "group": group,
                      "t": at})  # fmt: skip
@@ -117,16 +126,27 @@ def archive_events(rows: Sequence[list[Any]]) -> list[Event]:
                  "deliver_at": deliver_at, "size": size, "producer": producer, "priority": priority,
                  "key": key})  # fmt: skip
         elif kind == _REQUEUED:
-            _, code, topic, group, reason, at = row
-            add({"ev": "retried", "code": code, "topic": topic, "group": group, "t": at, "reason": reason})
+            event = {"ev": "retried", "code": row[1], "topic": row[2], "group": row[3], "t": row[5],
+                     "reason": row[4]}  # fmt: skip
+            if len(row) > 6 and row[6]:
+                event["attempt"] = row[6]
+            add(event)
         elif kind == _DELETED:
-            _, code, at = row
-            add({"ev": "deleted", "code": code, "t": at})
+            topic = row[3] if len(row) > 3 else ""
+            if topic:
+                add({"ev": "deleted", "code": row[1], "topic": topic, "t": row[2]})
+            else:
+                add({"ev": "deleted", "code": row[1], "t": row[2]})
         # GroupCreated, Deduped, Checkpoint: bookkeeping, not part of a message's life.
     return events
 
 
 _DEAD: Final = Status.DEAD.value
+_CONSUMED: Final = Status.CONSUMED.value
+_DROPPED: Final = Status.DROPPED.value
+_EXPIRED: Final = ch.EXPIRED
+_REQUEUED_FROM_DLQ: Final = ch.REQUEUED
+_DELETE: Final = ch.DELETED
 
 
 def encode_events(rows: Sequence[list[Any]]) -> tuple[bytes, int]:

@@ -86,9 +86,9 @@ def frame(payload: bytes) -> bytes:
 _ROWS: Final[dict[type[Any], Callable[[Any], tuple[Any, ...]]]] = {
     ch.GroupCreated: lambda r: (2, r.topic, r.group, r.at),
     ch.Delivered: lambda r: (3, r.code, r.topic, r.group, r.attempts, r.at),
-    ch.Requeued: lambda r: (4, r.code, r.topic, r.group, r.reason, r.at),
+    ch.Requeued: lambda r: (4, r.code, r.topic, r.group, r.reason, r.at, r.attempts),
     ch.Settled: lambda r: (5, r.code, r.topic, r.group, r.status, r.reason, r.at),
-    ch.MessageDeleted: lambda r: (6, r.code, r.at),
+    ch.MessageDeleted: lambda r: (6, r.code, r.at, r.topic),
     ch.Deduped: lambda r: (7, r.topic, r.dedup_id, r.code, r.at),
     ch.Checkpoint: lambda r: (8, r.next_seq, r.at),
 }

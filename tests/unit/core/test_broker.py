@@ -1267,7 +1267,7 @@ def test_journal_records_in_order() -> None:
     assert changes == [
         ch.Published(1, code, "jobs", b"d", "k", 2, T0, T0, 0.0, "p", "", None, (DEFAULT_GROUP,)),
         ch.Delivered(code, "jobs", DEFAULT_GROUP, 1, T0),
-        ch.Requeued(code, "jobs", DEFAULT_GROUP, "nack", T0 + 1),
+        ch.Requeued(code, "jobs", DEFAULT_GROUP, "nack", T0 + 1, attempts=1),
         ch.Delivered(code, "jobs", DEFAULT_GROUP, 2, T0 + 1),
         ch.Settled(code, "jobs", DEFAULT_GROUP, "consumed", "ack", T0 + 2),
     ]
