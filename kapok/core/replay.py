@@ -191,10 +191,11 @@ class Mirror:
         self.broker.admission.dedup.expire(now)
         return forgotten
 
-    def promote(self, now: float) -> int:
-        """Make the mirrored state live; returns how many entries in flight on the master
-        are requeued (journaled with reason "takeover") to be delivered again."""
-        return finish_recovery(self.broker, now, "takeover")
+    def promote(self, now: float, reason: str = "takeover") -> int:
+        """Make the mirrored state live; returns how many entries in flight when the log
+        ended are requeued (journaled with ``reason``: "takeover" from a master, "recovery"
+        of a node's own log at start-up) to be delivered again."""
+        return finish_recovery(self.broker, now, reason)
 
 
 def _finished_at(record: ch.Settled | ch.Published) -> float:

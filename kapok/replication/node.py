@@ -373,7 +373,9 @@ class ReplicationNode:
         if not was_fenced:
             # The archive first: the takeover's requeues (written by ``resumed``) are archived too.
             await store.start_archive()
-            redelivered = self.mirror.promote(self.now())
+            # At start-up the log is this node's own: its deliveries in flight are a crash's.
+            reason = "recovery" if event is Event.LEAD else "takeover"
+            redelivered = self.mirror.promote(self.now(), reason)
             self._mirror = None
             self.service.resumed()
             log.warning(
