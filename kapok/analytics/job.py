@@ -8,7 +8,15 @@ It only wires; every rule lives in ``kapok.analytics.transforms``. Output, under
 * ``daily/day=YYYY-MM-DD/`` Parquet: per topic × day the counts, bytes and
   redelivery ratio;
 * ``summary.json``: what the console draws (``transforms.summary``), replaced
-  atomically on a local disk, so a reader never sees half of it.
+  atomically on a local disk, so a reader never sees half of it. Its days and counts
+  are read back from ``daily/`` (every day it holds); its latencies are the run's.
+
+A run replaces whole days, and only those it recomputed: a ``since_t`` window is
+widened to the midnight (UTC) before it, and the tables are written with dynamic
+partition overwrite, so the other days stay as written (history outlives the
+archive's retention). A recomputed day whose written partition holds more than the
+archive still does (an earlier hour, or more counted events) is kept as it was
+(``JobResult.kept_days``). Timestamps are written as Parquet INT64 microseconds.
 
 The input is not cached: each of the three passes over it (line totals, counts,
 latencies) parses only the fields it needs, which costs less than caching every
@@ -129,8 +137,11 @@ def _run(
         # The summary covers every day of the table (history older than the archive too),
         # not only the days this run recomputed; its latencies are those of the acks read.
         history = _read_table(spark, _join(output, "daily"), daily.schema)
-        topic_rows = [row.asDict() for row in tf.topic_totals(history, percentiles).collect()]
-        day_rows = [row.asDict() for row in history.collect()]
+        topic_rows: list[dict[str, Any]] = []
+        day_rows: list[dict[str, Any]] = []
+        if history is not None:  # else no day has events yet
+            topic_rows = [row.asDict() for row in tf.topic_totals(history, percentiles).collect()]
+            day_rows = [row.asDict() for row in history.collect()]
     finally:
         for frame in cached:
             frame.unpersist()
@@ -198,17 +209,17 @@ def _read_table(spark: SparkSession, uri: str, schema: StructType) -> DataFrame 
 @contextmanager
 def _write_conf(spark: SparkSession) -> Iterator[None]:
     """The session's settings for the job's writes, restored after (the session may be a caller's)."""
-    before = {key: spark.conf.get(key, None) for key in WRITE_CONF}
+    before: dict[str, str | None] = {key: spark.conf.get(key, None) for key in WRITE_CONF}
     for key, value in WRITE_CONF.items():
         spark.conf.set(key, value)
     try:
         yield
     finally:
-        for key, value in before.items():
-            if value is None:
+        for key, old in before.items():
+            if old is None:
                 spark.conf.unset(key)
             else:
-                spark.conf.set(key, value)
+                spark.conf.set(key, old)
 
 
 def _join(base: str, name: str) -> str:

@@ -291,7 +291,9 @@ def test_hand_built_archive_gives_the_same_numbers_as_plain_python(
     result = run_job(
         spark, [str(p) for p in paths], str(tmp_path / "since"), since_t=since, now=T0 + 40 * 3600
     )
-    want_since = expected_from(paths, since)
+    # The window is widened to whole days: day two is recomputed from its midnight on.
+    want_since = expected_from(paths, T0 + 2 * 3600)
+    assert day_of(since) == day_of(T0 + 2 * 3600) != day_of(T0 + 2 * 3600 - 1)
     assert (result.events, result.skipped_lines) == (want_since.events, 2)
     check_output(spark, tmp_path / "since", want_since)
     assert result.summary["generated_at"] == "2026-03-03T14:00:00Z"

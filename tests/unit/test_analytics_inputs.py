@@ -54,6 +54,28 @@ def test_folders_files_globs_and_uris(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("uri", "source"),
+    [
+        ("hdfs://host/data", "hdfs://host/data/archive"),  # a storage dir: its archive/
+        ("s3a://bucket/nodes/n1/data/", "s3a://bucket/nodes/n1/data/archive"),
+        ("hdfs://nn/archive/", "hdfs://nn/archive/"),  # an archive folder already
+        ("hdfs://nn/x/archive-*.jsonl", "hdfs://nn/x/archive-*.jsonl"),  # a glob
+        ("s3a://b/n1/archive-20260301T000000-0.jsonl", "s3a://b/n1/archive-20260301T000000-0.jsonl"),
+    ],
+)
+def test_a_storage_dir_given_as_a_uri_means_its_archive(uri: str, source: str) -> None:
+    inputs = resolve_inputs([uri])  # nothing checked locally: no such host here
+    assert inputs.sources == [source] and inputs.local_files == 0
+
+
+def test_a_storage_dir_given_as_a_file_uri_means_its_archive(tmp_path: Path) -> None:
+    store = tmp_path / "data"
+    file = _archive_file(store / "archive", 0)
+    inputs = resolve_inputs([f"file://{store}"])
+    assert inputs.sources == [str(file)] and inputs.storage_dir == store
+
+
+@pytest.mark.parametrize(
     ("setup", "message"),
     [
         (lambda p: None, "no such file or directory"),
