@@ -12,15 +12,22 @@ Rules, each in one function below:
   them.
 * Every event counts in the UTC hour and day of its own ``t``: a message published
   at 23:59 and acked at 00:01 counts as published on one day and acked on the next.
+* Each event kind means one thing (docs/analytics.md, "Event schema"), and each is
+  counted in a column of its own name: a dead letter published again is ``requeued``,
+  never ``acked``; a delete is ``deleted``, never ``dropped`` (overflow only); an expiry
+  moved to the DLQ counts in both ``expired`` and ``dead_lettered``. Archives written
+  before these kinds say ``acked`` and ``dropped`` for those: their counts stay as
+  written, and their ``deleted`` events carry no topic, so they are not counted.
 * Counts are exact sums over events. ``bytes`` is the payload bytes published.
   ``redelivered`` counts deliveries with ``attempt`` > 1, and the redelivery ratio
   is redelivered / delivered (0 when nothing was delivered).
 * Delivery latency is ack time − creation time (the ``acked`` event's ``t`` minus
   its message's ``published`` ``create_time``), in milliseconds, counted in the
-  hour of the ack. An ack whose ``published`` event is not in the input (aged out
-  of the archive) has no latency. Percentiles come from Spark's
-  ``percentile_approx`` with ``LATENCY_ACCURACY``: the value returned for p is one
-  of the latencies whose rank is within n / LATENCY_ACCURACY of ⌈p·n⌉.
+  hour of the ack; only acks have one (not ``requeued``). An ack whose ``published``
+  event is not in the input (aged out of the archive) has no latency. Percentiles
+  come from Spark's ``percentile_approx`` with ``LATENCY_ACCURACY``: the value
+  returned for p is one of the latencies whose rank is within n / LATENCY_ACCURACY
+  of ⌈p·n⌉.
 * Counts are per topic, summed over its groups (a message acked by two groups
   counts two acks). A dead letter is also published to ``<topic>.dlq``, which is a
   topic of its own.
@@ -41,6 +48,7 @@ __all__ = [
     "COUNTED_EVENTS",
     "EVENT_SCHEMA",
     "LATENCY_ACCURACY",
+    "NEWER_EVENTS",
     "PERCENTILES",
     "daily_counts",
     "events_only",
@@ -61,8 +69,11 @@ EVENT_SCHEMA: Final = (
 )
 # Event kinds counted per topic × hour, each into a column of the same name.
 COUNTED_EVENTS: Final = ("published", "delivered", "acked", "retried", "dead_lettered", "expired", "dropped")
+# Kinds counted the same way, whose columns tables written before them lack (null when
+# such a table is read back): kept out of COUNTED_EVENTS, which compares with old tables.
+NEWER_EVENTS: Final = ("requeued", "deleted")
 # Summed columns of the hourly table, in order (summing hours gives days exactly).
-SUMS: Final = (*COUNTED_EVENTS, "bytes", "redelivered")
+SUMS: Final = (*COUNTED_EVENTS, "bytes", "redelivered", *NEWER_EVENTS)
 LATENCY_ACCURACY: Final = 10_000  # percentile_approx's accuracy: rank error at most n / 10,000
 PERCENTILES: Final = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
 _HOUR_S: Final = 3600
@@ -114,12 +125,14 @@ def _ratio(part: str, whole: str) -> Column:
 
 
 def hourly_counts(events: DataFrame) -> DataFrame:
-    """Per topic × hour: ``COUNTED_EVENTS``, ``bytes``, ``redelivered``, ``redelivery_ratio``, ``day``."""
+    """Per topic × hour: ``SUMS`` (``COUNTED_EVENTS``, ``bytes``, ``redelivered``,
+    ``NEWER_EVENTS``), ``redelivery_ratio``, ``day``."""
     sums = [F.count(F.when(_is(kind), 1)).alias(kind) for kind in COUNTED_EVENTS]
     sums.append(F.coalesce(F.sum(F.when(_is("published"), F.col("size"))), F.lit(0)).alias("bytes"))
     sums.append(F.count(F.when(_is("delivered") & (F.col("attempt") > 1), 1)).alias("redelivered"))
+    sums.extend(F.count(F.when(_is(kind), 1)).alias(kind) for kind in NEWER_EVENTS)
     return (
-        events.where(F.col("topic").isNotNull())  # ``deleted`` events carry no topic
+        events.where(F.col("topic").isNotNull())  # old archives' ``deleted`` events carry no topic
         .withColumn("hour_t", F.floor(F.col("t") / _HOUR_S) * _HOUR_S)
         .groupBy("topic", "hour_t")
         .agg(*sums)

@@ -94,6 +94,45 @@ def test_hourly_counts_count_each_kind_in_the_hour_of_its_own_time(spark: SparkS
     assert len(rows) == 3
 
 
+def test_each_kind_counts_as_itself_requeues_have_no_latency_deletes_are_not_drops(
+    spark: SparkSession,
+) -> None:
+    events = _events(
+        spark,
+        _pub("a", "t", T0),
+        _ev("delivered", "a", "t", T0 + 1, attempt=1),
+        _ev("retried", "a", "t", T0 + 2, reason="recovery", attempt=1),
+        _ev("expired", "a", "t", T0 + 3),  # mq.expired: dead_letter writes both
+        _ev("dead_lettered", "a", "t", T0 + 3, reason="expired"),
+        _pub("d", "t.dlq", T0 + 3),
+        _ev("requeued", "d", "t.dlq", T0 + 4),  # published again to t: not an ack
+        _pub("b", "t", T0 + 4),
+        {"ev": "deleted", "code": "b", "topic": "t", "t": T0 + 5},  # one per message, no drop
+        _ev("dropped", "c", "t", T0 + 6),  # overflow
+        {"ev": "deleted", "code": "old", "t": T0 + 7},  # an old archive's: no topic, not counted
+    )
+    rows = {r["topic"]: r.asDict() for r in tf.hourly_counts(events).collect()}
+    names = ("published", "acked", "retried", "dead_lettered", "expired", "dropped", *tf.NEWER_EVENTS)
+    assert {k: rows["t"][k] for k in names} == {
+        "published": 2,
+        "acked": 0,
+        "retried": 1,
+        "dead_lettered": 1,
+        "expired": 1,
+        "dropped": 1,
+        "requeued": 0,
+        "deleted": 1,
+    }
+    assert (rows["t.dlq"]["requeued"], rows["t.dlq"]["acked"]) == (1, 0)
+    assert tf.latencies(events).count() == 0
+    none = tf.latency_percentiles(
+        spark.createDataFrame([], "topic STRING, hour TIMESTAMP, latency_ms DOUBLE")
+    )
+    hourly = tf.hourly_table(tf.hourly_counts(events), none)
+    [total] = tf.topic_totals(tf.daily_counts(hourly), none).where(F.col("topic") == "t").collect()
+    assert (total["deleted"], total["dropped"], total["requeued"]) == (1, 1, 0)
+
+
 def test_latency_is_ack_minus_creation_in_the_hour_of_the_ack(spark: SparkSession) -> None:
     events = _events(
         spark,
