@@ -95,14 +95,17 @@ class _NoGauge:
 
 
 def scrapers_main(http_url: str, headers: dict[str, str], clients: int, stop: Any, queue: Any) -> None:
-    """A spawned process: ``clients`` scrapers polling ``/metrics`` until ``stop`` is set."""
+    """A spawned process: ``clients`` scrapers polling ``/metrics`` until ``stop`` is set;
+    puts ("ready", {}) once the first scrape is answered, then ("result", {...})."""
     try:
-        queue.put(("result", _run(_scrape(http_url, headers, clients, stop))))
+        queue.put(("result", _run(_scrape(http_url, headers, clients, stop, queue))))
     except BaseException as exc:
         queue.put(("error", f"{type(exc).__name__}: {exc}"))
 
 
-async def _scrape(http_url: str, headers: dict[str, str], clients: int, stop: Any) -> dict[str, Any]:
+async def _scrape(
+    http_url: str, headers: dict[str, str], clients: int, stop: Any, queue: Any
+) -> dict[str, Any]:
     statuses: dict[str, int] = {}
     bytes_read = 0
 
@@ -113,6 +116,8 @@ async def _scrape(http_url: str, headers: dict[str, str], clients: int, stop: An
                 async with session.get(http_url + "/metrics", headers=headers) as resp:
                     bytes_read += len(await resp.read())
                     statuses[str(resp.status)] = statuses.get(str(resp.status), 0) + 1
+                    if sum(statuses.values()) == 1:
+                        queue.put(("ready", {}))  # the phase's producer starts now
             except (aiohttp.ClientError, TimeoutError):
                 statuses["error"] = statuses.get("error", 0) + 1
                 await asyncio.sleep(0.01)
@@ -197,6 +202,8 @@ def _phase(
             scrapers = ctx.Process(target=scrapers_main, args=args, name="kapok-bench-scrapers", daemon=True)
             scrapers.start()
             procs.append(scrapers)
+            # The phase begins once they scrape: a spawned process takes a while to start.
+            _wait(h, scraped, procs, "scrapers to start")
         renders0, cpu0 = _renders(node, o.key), node.cpu_s()
         work = (node.ws_url, o.key, topic, protocol, o.seconds, results)
         publisher = ctx.Process(target=publisher_main, args=work, name="kapok-bench-producer", daemon=True)

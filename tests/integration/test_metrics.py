@@ -17,7 +17,7 @@ from kapok.server.routes.openapi import document
 from kapok.testing.slow import scaled
 
 KEY = {"Authorization": "Bearer test"}  # scrapes with the key do not wait for those without it
-MANY = 2000  # topics: a render costs far more than CHEAP_RENDER_S, so it is reused
+MANY = 2000  # topics: far more than CACHED_FROM_ROWS, so a render is reused
 # kapok.server.routes.metrics's, spelled out: the scrapers' contract.
 OTHER_TOPICS, ALL_GROUPS, MAX_AGE_S = "(other topics)", "(all groups)", 1.0
 
@@ -90,7 +90,7 @@ async def test_a_node_with_few_topics_has_them_all_and_always_current(make_node:
     text = await scrape(session, node)
     assert topics_in(text) == {f"t{i}" for i in range(20)}
     assert sample(text, "kapok_metrics_topics_folded") == 0
-    # Its render is cheap, so it is not reused: a scrape right after a publish shows it.
+    # Fewer than CACHED_FROM_ROWS topics: not reused, a scrape right after a publish shows it.
     await fill(node, {"m": 3})
     text = await scrape(session, node)
     assert sample(text, "kapok_topic_live", topic="m") == 3

@@ -14,9 +14,11 @@ three steps, and only the cheap ones run on the event loop:
 * in a worker thread, the text (``prometheus_client.generate_latest``) from those;
 * the body is then served again to every scrape for ``MAX_AGE_S``, and scrapes that come
   while a render runs wait for that one (single flight): at most one render a second,
-  however many scrapers poll. A render that cost less than ``CHEAP_RENDER_S`` of CPU (a
-  node with few topics) is not reused: such a scrape costs what any small request costs,
-  and its numbers are always current. ``kapok_metrics_renders_total`` counts the renders.
+  however many scrapers poll. The text of fewer than ``CACHED_FROM_ROWS`` topics and groups
+  (a node with few topics) is not reused: it costs what any small request costs, and its
+  numbers are always current (by the count, not by a measured cost, so that whether a
+  scrape is current never depends on how busy the machine is).
+  ``kapok_metrics_renders_total`` counts the renders.
 
 Serving a reused body still costs its bytes (about a millisecond of the loop for 0.3 MB),
 so scrapes share a pace (``Pacer``), each waiting its turn and answered 429 once its wait
@@ -57,7 +59,7 @@ __all__ = [
     "ALL_GROUPS",
     "ANONYMOUS_SCRAPES_PER_S",
     "ANONYMOUS_WAIT_S",
-    "CHEAP_RENDER_S",
+    "CACHED_FROM_ROWS",
     "KEYED_SCRAPES_PER_S",
     "KEYED_WAIT_S",
     "MAX_AGE_S",
@@ -75,7 +77,7 @@ __all__ = [
 routes = web.RouteTableDef()
 
 MAX_AGE_S = 1.0  # a rendered body is served again for this long: at most one render a second
-CHEAP_RENDER_S = 0.005  # CPU seconds: a render cheaper than this is not reused (always current)
+CACHED_FROM_ROWS = 100  # topics and groups: text of fewer is made afresh for each scrape (a few ms)
 OTHER_TOPICS = "(other topics)"  # the folded topics' label: a space, so never a topic's name
 ALL_GROUPS = "(all groups)"  # the group label of the folded topics' summed group series
 ANONYMOUS_SCRAPES_PER_S = 10.0  # scrapes without the key served a second, all of them together
@@ -192,25 +194,26 @@ def topic_families(snapshot: TopicSnapshot) -> list[Metric]:
 
 class RenderCache:
     """Whether a scrape may be answered with the last body (pure: the caller gives the
-    clock). A body is reused while younger than ``MAX_AGE_S``, unless it cost less than
-    ``CHEAP_RENDER_S`` of CPU to make."""
+    clock). A body is reused while younger than ``MAX_AGE_S``, unless it holds fewer than
+    ``CACHED_FROM_ROWS`` topics and groups."""
 
     def __init__(self) -> None:
         self.body: bytes | None = None
         self.taken_at = -math.inf  # loop time of the body's snapshot
         self.cost_s = 0.0  # CPU seconds the last render took (loop and thread)
+        self.rows = 0  # topics and groups in the last body
         self.renders = 0
 
     def reusable(self, now: float) -> bytes | None:
-        if self.body is None or self.cost_s < CHEAP_RENDER_S or now - self.taken_at >= MAX_AGE_S:
+        if self.body is None or self.rows < CACHED_FROM_ROWS or now - self.taken_at >= MAX_AGE_S:
             return None
         return self.body
 
     def started(self) -> None:
         self.renders += 1
 
-    def finished(self, body: bytes, taken_at: float, cost_s: float) -> None:
-        self.body, self.taken_at, self.cost_s = body, taken_at, cost_s
+    def finished(self, body: bytes, taken_at: float, cost_s: float, rows: int) -> None:
+        self.body, self.taken_at, self.cost_s, self.rows = body, taken_at, cost_s, rows
 
 
 class Pacer:
@@ -286,7 +289,8 @@ class MetricsRegistry(CollectorRegistry):
         snapshot = snapshot_topics(topics, self.service.config.metrics.max_topics)
         loop_cost = time.thread_time() - cpu0
         body, thread_cost = await asyncio.to_thread(_render_text, families, snapshot)
-        self.cache.finished(body, taken_at, loop_cost + thread_cost)
+        rows = snapshot.folded + sum(1 + len(row.groups) for row in snapshot.rows)
+        self.cache.finished(body, taken_at, loop_cost + thread_cost, rows)
         return body
 
 
