@@ -15,22 +15,18 @@ import logging
 from pathlib import Path
 
 import pytest
-from tests.unit.storage.walfiles import FillingDisk, make_records, read_log
+from tests.unit.storage.walfiles import FillingDisk, make_records, read_log, small_wal
 
 from kapok.config import load_config
 from kapok.core.broker import Broker
 from kapok.errors import StorageError
 from kapok.storage.disk import DiskStore
 from kapok.storage.records import encode_batch, encode_payload
-from kapok.storage.wal import WriteAheadLog, segment_path
+from kapok.storage.wal import segment_path
 from kapok.testing import eventually
 from kapok.testing.slow import scaled
 
 T = scaled(10.0)  # upper bound of every wait
-
-
-def _wal(directory: Path, policy: str) -> WriteAheadLog:
-    return WriteAheadLog(directory, policy=policy, interval_ms=10, segment_max_bytes=1 << 22)
 
 
 @pytest.mark.parametrize("policy", ["always", "interval", "never"])
@@ -38,7 +34,7 @@ async def test_a_slaves_batch_waits_for_space_and_is_written_once_it_is_freed(
     tmp_path: Path, disk: FillingDisk, policy: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, "kapok.storage")
-    wal = _wal(tmp_path, policy)
+    wal = small_wal(tmp_path, policy)
     wal.start(0)
     await wal.append_encoded(encode_payload(make_records(3)), 3)
     disk.full = True
@@ -69,7 +65,7 @@ async def test_closing_gives_up_the_wait_and_acknowledges_nothing(
     tmp_path: Path, disk: FillingDisk, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, "kapok.storage")
-    wal = _wal(tmp_path, "always")
+    wal = small_wal(tmp_path, "always")
     wal.start(0)
     await wal.append_encoded(encode_payload(make_records(2)), 2)
     disk.full = True
@@ -86,7 +82,7 @@ async def test_closing_gives_up_the_wait_and_acknowledges_nothing(
 
 
 async def test_write_now_leaves_a_slaves_batches_to_the_flusher(tmp_path: Path, disk: FillingDisk) -> None:
-    wal = _wal(tmp_path, "never")
+    wal = small_wal(tmp_path, "never")
     wal.start(0)
     await wal.append(make_records(1))
     pending = wal.append_encoded(encode_payload(make_records(1, 1)), 1)

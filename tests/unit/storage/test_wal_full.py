@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.unit.storage.walfiles import FillingDisk, make_records, read_log
+from tests.unit.storage.walfiles import FillingDisk, make_records, read_log, small_wal
 
 from kapok.config import load_config
 from kapok.core.broker import Settle
@@ -28,7 +28,6 @@ from kapok.errors import StorageError, StorageFullError, UnavailableError, error
 from kapok.service import BrokerService
 from kapok.storage.disk import DiskStore
 from kapok.storage.space import SpaceWatch
-from kapok.storage.wal import WriteAheadLog
 from kapok.testing import eventually
 from kapok.testing.slow import scaled
 
@@ -44,10 +43,6 @@ class _Replica:
         self.offered.append(first_lsn)
 
 
-def _wal(directory: Path, policy: str, segment_max_bytes: int = 1 << 22) -> WriteAheadLog:
-    return WriteAheadLog(directory, policy=policy, interval_ms=10, segment_max_bytes=segment_max_bytes)
-
-
 # ---------------------------------------------------------------- the log
 
 
@@ -56,7 +51,7 @@ async def test_the_masters_own_records_wait_for_space_and_queue_behind_it(
     tmp_path: Path, disk: FillingDisk, policy: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, "kapok.storage")
-    wal = _wal(tmp_path, policy)
+    wal = small_wal(tmp_path, policy)
     wal.start(0)
     await wal.append(make_records(2))
     disk.full = True
@@ -82,7 +77,7 @@ async def test_the_masters_own_records_wait_for_space_and_queue_behind_it(
 async def test_write_now_on_a_full_disk_hands_the_records_to_the_flusher(
     tmp_path: Path, disk: FillingDisk
 ) -> None:
-    wal = _wal(tmp_path, "never")
+    wal = small_wal(tmp_path, "never")
     replica = wal.replica = _Replica()
     wal.start(0)
     await wal.append(make_records(1))
@@ -99,7 +94,7 @@ async def test_write_now_on_a_full_disk_hands_the_records_to_the_flusher(
 
 
 async def test_a_segment_that_cannot_be_created_waits_for_space(tmp_path: Path, disk: FillingDisk) -> None:
-    wal = _wal(tmp_path, "interval", segment_max_bytes=64)  # every batch opens a new segment
+    wal = small_wal(tmp_path, "interval", segment_max_bytes=64)  # every batch opens a new segment
     wal.start(0)
     await wal.append(make_records(2))
     disk.full = True
@@ -115,7 +110,7 @@ async def test_a_segment_that_cannot_be_created_waits_for_space(tmp_path: Path, 
 async def test_a_stopping_node_gives_up_the_wait_at_once(tmp_path: Path, disk: FillingDisk) -> None:
     # Nothing of the stop (a request awaiting its confirmation, a hand-over's flush) may wait
     # for space that may never come; the connections' last acks fail quietly, not raising.
-    wal = _wal(tmp_path, "never")
+    wal = small_wal(tmp_path, "never")
     wal.start(0)
     disk.full = True
     waiting = wal.append(make_records(1))
@@ -135,7 +130,7 @@ async def test_other_write_errors_still_fail_the_log(tmp_path: Path, monkeypatch
     def broken(fd: int, buffers: list[bytes]) -> int:
         raise OSError(errno.EIO, os.strerror(errno.EIO))
 
-    wal = _wal(tmp_path, "always")
+    wal = small_wal(tmp_path, "always")
     wal.start(0)
     monkeypatch.setattr("kapok.storage.wal.os.writev", broken)
     with pytest.raises(StorageError, match="Input/output error"):
@@ -161,7 +156,7 @@ async def test_the_watch_says_full_below_the_reserve_and_heals_by_itself(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, "kapok.storage")
-    wal = _wal(tmp_path / "wal", "never")
+    wal = small_wal(tmp_path / "wal", "never")
     free = _Free(10 * MIB)
     watch = SpaceWatch(tmp_path, 4 * MIB, wal, probe=free, interval_s=0.01)
     await watch.probe()
@@ -188,7 +183,7 @@ async def test_the_watch_says_full_below_the_reserve_and_heals_by_itself(
 
 
 async def test_a_reserve_of_0_means_full_only_while_a_write_waits(tmp_path: Path, disk: FillingDisk) -> None:
-    wal = _wal(tmp_path, "never")
+    wal = small_wal(tmp_path, "never")
     watch = SpaceWatch(tmp_path, 0, wal, probe=_Free(0))
     watch.serving = True
     await watch.probe()

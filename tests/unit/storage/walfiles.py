@@ -11,11 +11,16 @@ import pytest
 
 from kapok.core.changes import Change, GroupCreated
 from kapok.storage.records import FrameReader
-from kapok.storage.wal import list_segments
+from kapok.storage.wal import WriteAheadLog, list_segments
 
 
 def make_records(n: int, start: int = 0) -> list[Change]:
     return [GroupCreated("t", f"g{i}", float(i)) for i in range(start, start + n)]
+
+
+def small_wal(directory: Path, policy: str, segment_max_bytes: int = 1 << 22) -> WriteAheadLog:
+    """A log of the storage tests: 10 ms fsync interval, 4 MiB segments unless told."""
+    return WriteAheadLog(directory, policy=policy, interval_ms=10, segment_max_bytes=segment_max_bytes)
 
 
 def read_log(directory: Path) -> list[Change]:
