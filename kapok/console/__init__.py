@@ -9,11 +9,13 @@
 * ``api``: the JSON under ``/console/api/`` the pages refresh from;
 * ``figures``, ``messages``, ``analytics``: what the pages show, built from the same
   service and broker state the HTTP API reads;
-* ``rates``: the ring of counter samples that publish / deliver / ack rates come from.
+* ``rates``: the ring of counter samples that publish / deliver / ack rates come from;
+* ``peers``: the other members' analytics summaries, so every node shows the newest.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import aiohttp_jinja2
@@ -22,9 +24,11 @@ from aiohttp import web
 
 from kapok.console import api, views
 from kapok.console.format import FILTERS
+from kapok.console.peers import PEER_SUMMARIES, PeerSummaries
 from kapok.console.rates import RATES, RateSampler, rates_ctx
 from kapok.console.session import SESSIONS, Sessions, console_guard
 from kapok.server.keys import SERVICE
+from kapok.server.ws.base import frame_limit
 
 __all__ = ["setup_console", "view_dir"]
 
@@ -58,6 +62,8 @@ def setup_console(app: web.Application) -> None:
         env.get_template(name)
     app[SESSIONS] = Sessions(service.node_name, cfg.session_idle_s, service.now)
     app[RATES] = RateSampler(service)
+    limit = frame_limit(service.config.mq.max_message_bytes, service.config.server.max_batch)
+    app[PEER_SUMMARIES] = PeerSummaries(service.config.mq.secret_key, limit, time.monotonic)
     app.cleanup_ctx.append(rates_ctx)
     app.middlewares.append(console_guard)
     app.add_routes(views.routes)

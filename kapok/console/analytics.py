@@ -12,7 +12,8 @@ the file is the caller's (in a thread).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
@@ -22,7 +23,17 @@ import orjson
 from kapok.config import Config
 from kapok.core.model import Message, Status
 
-__all__ = ["from_messages", "from_summary", "last_days", "read_summary", "summary_path"]
+__all__ = [
+    "Candidate",
+    "check_summary",
+    "from_messages",
+    "from_summary",
+    "generated_seconds",
+    "last_days",
+    "newest",
+    "read_summary",
+    "summary_path",
+]
 
 DAYS: Final = 7
 NODE_SCAN_MAX: Final = 200_000  # newest messages looked at for the node's own view
@@ -53,9 +64,51 @@ def read_summary(path: Path) -> tuple[dict[str, Any] | None, str]:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         return None, f"{path.name} is not valid JSON ({exc})"
+    problem = check_summary(data)
+    return (None, f"{path.name} {problem}") if problem else (data, "")
+
+
+def check_summary(data: Any) -> str:
+    """Why ``data`` is no analytics summary ("" when it is one: an object with a ``topics``
+    object; every other key is optional, and keys this version does not know are ignored)."""
     if not isinstance(data, dict) or not isinstance(data.get("topics", {}), dict):
-        return None, f"{path.name} is not an analytics summary (no 'topics' object)"
-    return data, ""
+        return "is not an analytics summary (no 'topics' object)"
+    return ""
+
+
+def generated_seconds(value: Any) -> float | None:
+    """A summary's ``generated_at`` as unix seconds: a number, or an ISO 8601 text (``Z`` or
+    an offset; without one, UTC); None when it is neither."""
+    seconds = _number(value)
+    if seconds is not None or not isinstance(value, str):
+        return seconds
+    try:
+        when = datetime.fromisoformat(value.strip()[:40])
+    except ValueError:
+        return None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A summary some node holds: the node's name and where the file is on that node."""
+
+    node: str
+    path: str
+    summary: dict[str, Any]
+
+
+def newest(candidates: Sequence[Candidate]) -> Candidate | None:
+    """The summary written last (``generated_at``); on a tie, or when none can tell, the
+    first of ``candidates`` (the caller puts this node's own first)."""
+    best: Candidate | None = None
+    best_at = -math.inf
+    for candidate in candidates:
+        at = generated_seconds(candidate.summary.get("generated_at"))
+        at = -math.inf if at is None else at
+        if best is None or at > best_at:
+            best, best_at = candidate, at
+    return best
 
 
 def _number(value: Any) -> float | None:

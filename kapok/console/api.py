@@ -14,8 +14,10 @@ from aiohttp import web
 
 from kapok.console import analytics, figures
 from kapok.console.messages import history_events, message_detail, parse_search, search_page
+from kapok.console.peers import PEER_SUMMARIES, SUMMARY_ROUTE, peer_targets
 from kapok.errors import NotFoundError
 from kapok.server.keys import SERVICE
+from kapok.server.routes.cluster_view import member_rows
 from kapok.server.routes.responses import json_response
 
 __all__ = [
@@ -37,17 +39,25 @@ async def overview_data(app: web.Application) -> dict[str, Any]:
 
 
 async def analytics_data(app: web.Application) -> dict[str, Any]:
+    """The newest summary among this node's own and the other members' (see ``peers``),
+    else this node's own messages."""
     service = app[SERVICE]
     path = analytics.summary_path(service.config)
     summary, problem = await asyncio.to_thread(analytics.read_summary, path)
+    own = [] if summary is None else [analytics.Candidate(service.node_name, str(path), summary)]
+    others = await app[PEER_SUMMARIES].get(peer_targets(member_rows(app)))
+    chosen = analytics.newest(own + others)
     now = service.now()
-    if summary is not None:
-        data = analytics.from_summary(summary, now)
+    if chosen is not None:
+        data = analytics.from_summary(chosen.summary, now)
     else:
         data = analytics.from_messages(reversed(service.broker.messages.values()), now)
-    data["path"] = str(path)
+    data["path"] = str(path)  # where this node looks for its own
     data["problem"] = problem
-    data["is_summary"] = data["source"] == "summary"
+    data["is_summary"] = chosen is not None
+    data["summary_node"] = "" if chosen is None else chosen.node
+    data["summary_path"] = "" if chosen is None else chosen.path
+    data["from_peer"] = chosen is not None and chosen.node != service.node_name
     return data
 
 
@@ -105,3 +115,13 @@ async def message(request: web.Request) -> web.Response:
 @routes.get("/console/api/analytics")
 async def analytics_view(request: web.Request) -> web.Response:
     return json_response(await analytics_data(request.app))
+
+
+@routes.get(SUMMARY_ROUTE)
+async def analytics_summary(request: web.Request) -> web.Response:
+    """This node's own ``summary.json`` (never one fetched from a peer), for the other
+    members: a session or the secret key as a bearer token (``session.console_guard``)."""
+    service = request.app[SERVICE]
+    path = analytics.summary_path(service.config)
+    summary, _ = await asyncio.to_thread(analytics.read_summary, path)  # null: none, or unreadable
+    return json_response({"node": service.node_name, "path": str(path), "summary": summary})

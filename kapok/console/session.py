@@ -22,7 +22,10 @@ two nodes on one host would otherwise log each other's users out.
 ``console_guard`` is closed by default: every path under ``/console/`` (and ``/``) needs a
 session except the login page and the static files, so a route added later is protected
 without anyone having to remember it. Without a session a page redirects to the login
-page and anything else answers 401; a POST without the right token answers 403.
+page and anything else answers 401; a POST without the right token answers 403. The few
+``KEY_PATHS`` that other nodes read (``peers.SUMMARY_ROUTE``) also take the secret key as
+a bearer token, as the nodes' other routes among themselves do (a wrong one counts toward
+the address's back-off).
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ from urllib.parse import quote
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from kapok.console.peers import SUMMARY_ROUTE
 from kapok.errors import AuthError, CsrfError
+from kapok.server.guard.auth import bearer_token, check_key
 from kapok.server.keys import SERVICE
 from kapok.server.routes.responses import read_form
 
@@ -60,6 +65,7 @@ CSRF_HEADER: Final = "X-CSRF-Token"
 LOGIN_PATH: Final = "/console/login"
 STATIC_PREFIX: Final = "/console/static/"
 API_PREFIX: Final = "/console/api/"
+KEY_PATHS: Final = frozenset({SUMMARY_ROUTE})  # GETs that a bearer key opens too (node to node)
 _SAFE_METHODS: Final = ("GET", "HEAD", "OPTIONS")
 
 # Pages are not framed, scripts and styles come from this node only (no inline script),
@@ -175,6 +181,12 @@ async def console_guard(request: web.Request, handler: Handler) -> web.StreamRes
 
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     session = current_session(request)
+    if session is None and request.method == "GET" and request.path in KEY_PATHS:
+        token = bearer_token(request)
+        if token is not None:
+            if not await check_key(request, token):
+                raise AuthError("wrong secret key")
+            return await handler(request)
     if session is None:
         if request.method in _SAFE_METHODS and not request.path.startswith(API_PREFIX):
             target = quote(request.path_qs, safe="/?=&")

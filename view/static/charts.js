@@ -5,11 +5,55 @@
 //   bars: {categories: [labels], unit: "ms", series: [{name, values}]}  (grouped bars)
 // The SVG is as wide as its container (redrawn on refresh and on resize) and says what it
 // shows in its aria-label; a legend names every series.
+//
+// Series colours never repeat within a chart: up to eight series take the fixed COLORS, in
+// order; more take palette(n), n hues evenly spaced around the OKLCH circle with two
+// alternating lightnesses, each dark enough for 3:1 contrast on the white card. A series
+// keeps its colour across refreshes and reloads as long as the set of series does (the
+// server sends them in a stable order: topics sorted by name). Colours are set through
+// the element's style object, which the page's CSP (style-src 'self') allows.
 "use strict";
 
 const KapokCharts = (() => {
   const NS = "http://www.w3.org/2000/svg";
   const COLORS = ["#2f6fde", "#e07b1f", "#2a9d5b", "#c0392b", "#8e44ad", "#16a2b8", "#7f8c8d", "#b8860b"];
+  const LIGHTNESS = [0.5, 0.62]; // OKLCH L: ≥ 3:1 against white at full chroma
+  const CHROMA = 0.14;
+  const FIRST_HUE = 264; // the hue of COLORS[0], so a grown palette starts where the fixed one does
+
+  // OKLCH -> sRGB channel values in [0, 1] (may fall outside: out of gamut).
+  function oklchToRgb(l, c, hDeg) {
+    const h = (hDeg * Math.PI) / 180;
+    const a = c * Math.cos(h);
+    const b = c * Math.sin(h);
+    const l_ = (l + 0.3963377774 * a + 0.2158037573 * b) ** 3;
+    const m_ = (l - 0.1055613458 * a - 0.0638541728 * b) ** 3;
+    const s_ = (l - 0.0894841775 * a - 1.291485548 * b) ** 3;
+    const linear = [
+      4.0767416621 * l_ - 3.3077115913 * m_ + 0.2309699292 * s_,
+      -1.2684380046 * l_ + 2.6097574011 * m_ - 0.3413193965 * s_,
+      -0.0041960863 * l_ - 0.7034186147 * m_ + 1.707614701 * s_,
+    ];
+    return linear.map((v) => (v <= 0.0031308 ? 12.92 * v : 1.055 * v ** (1 / 2.4) - 0.055));
+  }
+
+  // The colour of that hue and lightness with the most chroma (up to CHROMA) sRGB can show.
+  function oklchHex(l, hue) {
+    let rgb = oklchToRgb(l, CHROMA, hue);
+    for (let c = CHROMA; c > 0 && rgb.some((v) => v < 0 || v > 1); c -= 0.005) rgb = oklchToRgb(l, c, hue);
+    const byte = (v) => Math.round(Math.min(1, Math.max(0, v)) * 255).toString(16).padStart(2, "0");
+    return `#${rgb.map(byte).join("")}`;
+  }
+
+  // n distinct series colours.
+  function palette(n) {
+    if (n <= COLORS.length) return COLORS.slice(0, n);
+    return Array.from({ length: n }, (_, i) => oklchHex(LIGHTNESS[i % 2], (FIRST_HUE + (360 * i) / n) % 360));
+  }
+
+  function paint(el, color, ...props) {
+    for (const prop of props) el.style[prop] = color;
+  }
   const HEIGHT = 240;
   const PAD = { left: 64, right: 16, top: 16, bottom: 40 };
 
@@ -68,10 +112,12 @@ const KapokCharts = (() => {
     unit.setAttribute("transform", `rotate(-90 12 ${(plot.y0 + plot.y1) / 2})`);
     const legend = document.createElement("ul");
     legend.className = "legend";
+    const colors = palette(spec.series.length);
     spec.series.forEach((s, i) => {
       const item = document.createElement("li");
       const swatch = document.createElement("span");
-      swatch.className = `swatch c${i % COLORS.length}`;
+      swatch.className = "swatch";
+      paint(swatch, colors[i], "background");
       item.append(swatch, document.createTextNode(s.name));
       legend.appendChild(item);
     });
@@ -80,14 +126,14 @@ const KapokCharts = (() => {
       text(svg, (plot.x0 + plot.x1) / 2, (plot.y0 + plot.y1) / 2, "no data yet", { "text-anchor": "middle", class: "tick" });
       return null;
     }
-    return { svg, plot, y };
+    return { svg, plot, y, colors };
   }
 
   function line(container, spec) {
     const n = spec.x.length;
     const drawn = frame(container, spec, "line", n);
     if (!drawn) return;
-    const { svg, plot, y } = drawn;
+    const { svg, plot, y, colors } = drawn;
     const x = (i) => (n === 1 ? (plot.x0 + plot.x1) / 2 : plot.x0 + (i / (n - 1)) * (plot.x1 - plot.x0));
     const every = Math.max(1, Math.ceil(n / Math.max(2, Math.floor((plot.x1 - plot.x0) / 70))));
     for (let i = 0; i < n; i += every) {
@@ -99,10 +145,11 @@ const KapokCharts = (() => {
     }
     spec.series.forEach((s, i) => {
       const points = s.values.map((v, j) => `${x(j).toFixed(1)},${y(v || 0).toFixed(1)}`).join(" ");
-      node("polyline", { points, class: `series c${i % COLORS.length}` }, svg);
+      paint(node("polyline", { points, class: "series" }, svg), colors[i], "stroke");
       if (n <= 31) {
         s.values.forEach((v, j) => {
-          const dot = node("circle", { cx: x(j), cy: y(v || 0), r: 3, class: `dot c${i % COLORS.length}` }, svg);
+          const dot = node("circle", { cx: x(j), cy: y(v || 0), r: 3, class: "dot" }, svg);
+          paint(dot, colors[i], "fill");
           node("title", {}, dot).textContent = `${s.name} ${xLabel(spec.x[j], spec.xfmt)}: ${v} ${spec.unit}`;
         });
       }
@@ -113,7 +160,7 @@ const KapokCharts = (() => {
     const groups = spec.categories.length;
     const drawn = frame(container, spec, "bar", groups);
     if (!drawn) return;
-    const { svg, plot, y } = drawn;
+    const { svg, plot, y, colors } = drawn;
     const band = (plot.x1 - plot.x0) / groups;
     const barW = Math.min(40, Math.max(2, (band * 0.8) / spec.series.length));
     spec.categories.forEach((cat, g) => {
@@ -123,8 +170,9 @@ const KapokCharts = (() => {
         const v = s.values[g] || 0;
         const rect = node("rect", {
           x: left + i * barW, y: y(v), width: barW - 1, height: Math.max(0, plot.y0 - y(v)),
-          class: `bar c${i % COLORS.length}`,
+          class: "bar",
         }, svg);
+        paint(rect, colors[i], "fill");
         node("title", {}, rect).textContent = `${cat} ${s.name}: ${v} ${spec.unit}`;
       });
     });
@@ -136,5 +184,5 @@ const KapokCharts = (() => {
     else line(container, spec);
   }
 
-  return { draw, COLORS };
+  return { draw, palette, COLORS };
 })();
