@@ -29,8 +29,10 @@ from kapok.console.analytics import Candidate, check_summary
 
 __all__ = [
     "CACHE_S",
+    "LOG_EVERY_S",
     "PEER_SUMMARIES",
     "SUMMARY_ROUTE",
+    "TIMEOUT_S",
     "PeerSummaries",
     "decode_answer",
     "peer_targets",
