@@ -221,6 +221,16 @@ class BrokerService:
         self._settle()
         return unknown
 
+    def settle_leases(
+        self, topic: str, group: str | None, codes: Iterable[str], claim: str, how: Settle
+    ) -> tuple[int, list[str]]:
+        """``settle_in_group`` of ``codes`` and of every entry in flight under ``claim`` (when
+        given), in one journal batch; returns how many were settled, and the unknown codes."""
+        self.check_active()
+        out = self.broker.settle_leases(topic, group, codes, claim, how, self.now())
+        self._settle()
+        return out
+
     def delete(self, code: str) -> bool:
         self.check_active()
         found = self.broker.delete(code, self.now())
@@ -250,13 +260,14 @@ class BrokerService:
         return new_code, self._settle()
 
     async def pull(
-        self, topic: str, group: str | None, max_n: int, lease_s: float, wait_s: float
+        self, topic: str, group: str | None, max_n: int, lease_s: float, wait_s: float, claim: str = ""
     ) -> list[Entry]:
-        """Lease up to ``max_n`` messages, waiting up to ``wait_s`` for the first to arrive."""
+        """Lease up to ``max_n`` messages, waiting up to ``wait_s`` for the first to arrive;
+        under a ``claim`` still in flight, its entries at once (``Broker.pull``)."""
         self.check_active()
         give_up = self.now() + wait_s
         while True:
-            entries = self.broker.pull(topic, group, max_n, lease_s, self.now())
+            entries = self.broker.pull(topic, group, max_n, lease_s, self.now(), claim)
             self._settle()
             if entries or self.now() >= give_up:
                 return entries

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from kapok.core import changes as ch
 from kapok.core.admission import MESSAGE_OVERHEAD_BYTES, Admission
+from kapok.core.claims import Claim, Claims
 from kapok.core.model import (
     NO_ROOM_LIMIT,
     PUSH_OVERHEAD_BYTES,
@@ -463,14 +464,35 @@ class Broker:
         connection; returns the codes that were not in flight in that group. Settling
         creates nothing: an unknown topic or group is a ``NotFoundError``.
         """
-        group = self._existing_group(topic, group).name
+        return self.settle_leases(topic, group, codes, "", how, now)[1]
+
+    def settle_leases(
+        self, topic: str, group: str | None, codes: Iterable[str], claim: str, how: Settle, now: float
+    ) -> tuple[int, list[str]]:
+        """``settle_in_group`` of ``codes``, then of every entry in flight under ``claim``
+        (when given; an unknown or settled claim settles nothing); returns how many entries
+        were settled, and the codes that were not in flight in the group."""
+        grp = self._existing_group(topic, group)
+        group = grp.name
         unknown: list[str] = []
+        codes = codes if isinstance(codes, list) else list(codes)
+        claims = grp.claims
+        if claim and claims is not None:
+            claimed = [e.msg.code for e in claims.take(claim)]
+            if not claims.by_name:
+                grp.claims = None
+            if codes and claimed:
+                given = set(codes)
+                claimed = [code for code in claimed if code not in given]
+            codes = codes + claimed
         for code in codes:
             entry = self._held_in_group(topic, group, code)
             if entry is None:
                 unknown.append(code)
                 continue
             assert entry.consumer is not None
+            if claims is not None:
+                self._unclaim(claims, entry)
             entry.consumer.held.pop(code, None)
             self._dirty.add(entry.group)
             if how is Settle.ACK:
@@ -483,7 +505,7 @@ class Broker:
                 self.stats.nacked += 1
                 self._dead_letter(entry, "rejected", now)
         self._dispatch(now)
-        return unknown
+        return len(codes) - len(unknown), unknown
 
     def _existing_group(self, topic_name: str, group_name: str | None) -> Group:
         topic = self.topics.get(topic_name)
@@ -498,10 +520,34 @@ class Broker:
     # ------------------------------------------------------------ pull mode
 
     def pull(
-        self, topic_name: str, group_name: str | None, max_n: int, lease_s: float, now: float
+        self, topic_name: str, group_name: str | None, max_n: int, lease_s: float, now: float, claim: str = ""
     ) -> list[Entry]:
-        """Lease up to ``max_n`` ready messages of a durable group for ``lease_s`` seconds."""
+        """Lease up to ``max_n`` ready messages of a durable group for ``lease_s`` seconds.
+
+        Under a ``claim`` (``kapok.core.claims``) that still has entries in flight, the
+        answer is those entries, their leases renewed, and nothing new is leased; else
+        the messages leased are put under the claim.
+        """
         group = self.pull_group(topic_name, group_name, now)
+        if claim and group.claims is not None:
+            held = group.claims.get(claim)
+            if held is not None:
+                return self._renew(held, lease_s, now)
+        lessee = self._lessee(group, now)
+        lessee.ack_timeout_s = lease_s
+        lessee.prefetch = len(lessee.held) + max_n
+        group.unpark()
+        self._dirty.add(group)
+        journaled = len(self._changes)
+        self._dispatch(now)
+        lessee.prefetch = 0
+        entries = self._pushes.pop(lessee.id, [])
+        if claim and entries:
+            self._claim(group, claim, lease_s, entries, journaled)
+        return entries
+
+    def _lessee(self, group: Group, now: float) -> Consumer:
+        """The group's pull lessee, the consumer that holds what pulls leased (made if needed)."""
         lessee = group.pull
         if lessee is None:
             cid = self._next_consumer
@@ -510,13 +556,44 @@ class Broker:
             self.consumers[cid] = lessee
             group.consumers.append(lessee)
             group.consumers_changed()
-        lessee.ack_timeout_s = lease_s
-        lessee.prefetch = len(lessee.held) + max_n
-        group.unpark()
-        self._dirty.add(group)
-        self._dispatch(now)
-        lessee.prefetch = 0
-        return self._pushes.pop(lessee.id, [])
+        return lessee
+
+    def _claim(self, group: Group, name: str, lease_s: float, entries: list[Entry], journaled: int) -> None:
+        """Put ``entries``, just leased, under the claim ``name``; their ``Delivered`` records
+        (journaled from index ``journaled`` on) carry it. They are rewritten here rather than
+        built so by ``_deliver``, which then tests nothing per message for unclaimed pulls."""
+        claims = group.claims
+        if claims is None:
+            claims = group.claims = Claims()
+        claims.add(name, lease_s, entries)
+        if not self.journal:
+            return
+        codes = {entry.msg.code for entry in entries}
+        changes = self._changes
+        delivered = ch.Delivered
+        for i in range(journaled, len(changes)):
+            r = changes[i]
+            if type(r) is delivered and r.code in codes and r.group == group.name:
+                changes[i] = delivered(r.code, r.topic, r.group, r.attempts, r.at, name, lease_s)
+
+    def _renew(self, claim: Claim, lease_s: float, now: float) -> list[Entry]:
+        """The entries in flight under ``claim``, their leases ending ``lease_s`` from now."""
+        claim.lease_s = lease_s
+        deadline = now + lease_s
+        add = self.timers.deadlines.add
+        entries = list(claim.entries)
+        for entry in entries:
+            entry.deadline = deadline
+            add(deadline, lease_s, entry)
+        return entries
+
+    @staticmethod
+    def _unclaim(claims: Claims, entry: Entry) -> None:
+        """``entry`` leaves the flight: it leaves its claim, if any (and the group forgets
+        its ``Claims`` once none is left)."""
+        claims.leave(entry)
+        if not claims.by_name:
+            entry.group.claims = None
 
     def pull_group(self, topic_name: str, group_name: str | None, now: float) -> Group:
         topic = self.topic(topic_name)
@@ -575,6 +652,9 @@ class Broker:
             consumer.held.pop(entry.msg.code, None)
             entry.last_consumer_id = consumer.id
             entry.consumer = None
+            claims = entry.group.claims
+            if claims is not None:
+                self._unclaim(claims, entry)
         # Requeued to the front, so walk backwards to keep delivery order.
         for entry in reversed(timed_out):
             self.stats.timeouts += 1
@@ -630,6 +710,9 @@ class Broker:
         for entry in msg.all_entries():
             if entry.status.final:
                 continue
+            claims = entry.group.claims
+            if claims is not None and entry in claims.of and entry.status is _INFLIGHT:
+                continue  # stays in flight under its claim: ``resume_claims`` leases it again
             if limit and not topic.is_dlq and entry.attempts >= limit:
                 self._dead_letter(entry, "max_deliveries", now)
                 continue
@@ -646,6 +729,47 @@ class Broker:
                 entry.group.push_ready(entry)
                 self._dirty.add(entry.group)
         return redelivered
+
+    def restore_claim(self, entry: Entry, claim: str, lease_s: float) -> None:
+        """A replayed delivery of ``entry``: under ``claim`` ("" for none: it leaves any
+        claim it was under)."""
+        group = entry.group
+        claims = group.claims
+        if claim:
+            if claims is None:
+                claims = group.claims = Claims()
+            claims.add(claim, lease_s, (entry,))
+        elif claims is not None:
+            self._unclaim(claims, entry)
+
+    def unclaim(self, entry: Entry) -> None:
+        """A replayed end of ``entry``'s delivery (settled, requeued, deleted)."""
+        claims = entry.group.claims
+        if claims is not None:
+            self._unclaim(claims, entry)
+
+    def resume_claims(self, now: float) -> int:
+        """Lease every replayed entry in flight under a claim (``resume`` left them in
+        flight) to its group's pull lessee again, for its claim's lease length from
+        ``now``, in the order they were leased; returns how many."""
+        resumed = 0
+        for topic in self.topics.values():
+            for group in topic.groups.values():
+                claims = group.claims
+                if claims is None:
+                    continue
+                lessee = self._lessee(group, now)
+                held = lessee.held
+                add = self.timers.deadlines.add
+                for claim in claims.by_name.values():
+                    deadline = now + claim.lease_s
+                    for entry in claim.entries:
+                        entry.consumer = lessee
+                        entry.deadline = deadline
+                        held[entry.msg.code] = entry
+                        add(deadline, claim.lease_s, entry)
+                        resumed += 1
+        return resumed
 
     def retire(self, msg: Message, now: float) -> None:
         """Keep a replayed finished message for the rest of its retention, or forget it."""
@@ -772,6 +896,9 @@ class Broker:
             elif st is Status.INFLIGHT and entry.consumer is not None:
                 entry.consumer.held.pop(msg.code, None)
                 self._dirty.add(entry.group)
+                claims = entry.group.claims
+                if claims is not None:
+                    self._unclaim(claims, entry)
             elif st is Status.DELAYED:
                 entry.group.topic.delayed_count -= 1
             if status is Status.EXPIRED and self.settings.expired == "dead_letter":

@@ -62,11 +62,20 @@ class GroupCreated:
 
 @record
 class Delivered:
+    """An entry leased to a consumer (its ``attempts``-th delivery).
+
+    ``claim``: the claim the pull named (``kapok.core.claims``), "" for none (and in
+    records written before the field existed); ``lease_s``: the lease's length, which
+    recovery and a takeover lease a claimed entry again for (0 when unclaimed).
+    """
+
     code: str
     topic: str
     group: str
     attempts: int
     at: float
+    claim: str = ""
+    lease_s: float = 0.0
 
 
 @record

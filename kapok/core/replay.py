@@ -9,9 +9,12 @@ count, and journaled as a requeue (reason "recovery", or "takeover" on a
 promoted slave); finished messages go to retention; timers are rebuilt.
 Replay tells in-flight entries from the others by their last record: a
 ``Delivered`` leaves an entry ``INFLIGHT`` (with no consumer), a
-``Requeued`` makes it ``READY`` again. Both go
-through the broker's public seams (``restore_*``, ``resume``, ``retire``),
-never its private fields, so a replication slave can use them the same way.
+``Requeued`` makes it ``READY`` again. A ``Delivered`` that names a claim
+also puts the entry under it (``kapok.core.claims``), and whatever ends the
+delivery takes it out: an entry still under a claim at the end stays in
+flight, leased again for the claim's lease length. Replay and recovery go
+through the broker's public seams (``restore_*``, ``resume``, ``retire``,
+``unclaim``), never its private fields, so a replication slave can use them the same way.
 
 Snapshots are *fuzzy*: ``state_records`` walks the live state in slices
 while the node keeps running, so a slice may already contain effects of
@@ -68,20 +71,29 @@ def apply(broker: Broker, record: ch.Change) -> None:
             entry.attempts = max(entry.attempts, record.attempts)
             entry.last_delivered_at = record.at
             entry.status = Status.INFLIGHT
+            if record.claim or entry.group.claims is not None:
+                broker.restore_claim(entry, record.claim, record.lease_s)
     elif isinstance(record, ch.Requeued):
         entry = _entry(broker, record.code, record.group)
         if entry is not None and entry.status is Status.INFLIGHT:
             entry.status = Status.READY
+            if entry.group.claims is not None:
+                broker.unclaim(entry)
     elif isinstance(record, ch.Settled):
         entry = _entry(broker, record.code, record.group)
         if entry is not None and not entry.status.final:
+            if entry.group.claims is not None:
+                broker.unclaim(entry)
             entry.status = Status(record.status)
             entry.settled_at = record.at
             msg = entry.msg
             if msg.settled():
                 msg.finished_at = record.at
     elif isinstance(record, ch.MessageDeleted):
-        messages.pop(record.code, None)
+        deleted = messages.pop(record.code, None)
+        if deleted is not None:
+            for entry in deleted.all_entries():
+                broker.unclaim(entry)
     elif isinstance(record, ch.GroupCreated):
         broker.restore_group(broker.restore_topic(record.topic), record.group, record.at)
     elif isinstance(record, ch.Deduped):
@@ -101,7 +113,9 @@ def _shared(name: str) -> str:
 
 def finish_recovery(broker: Broker, now: float, reason: str = "recovery") -> int:
     """Turn replayed state into queues and timers; returns how many entries in flight are
-    requeued (journaled with ``reason``) to be delivered again."""
+    requeued (journaled with ``reason``) to be delivered again. An entry in flight under a
+    claim (``kapok.core.claims``) is not: it stays in flight under its claim, with a fresh
+    lease of the claim's length, for its reader to fetch again and ack."""
     redelivered = 0
     broker.admission.dedup.expire(now)
     for msg in sorted(broker.messages.values(), key=lambda m: m.seq):
@@ -109,6 +123,7 @@ def finish_recovery(broker: Broker, now: float, reason: str = "recovery") -> int
             redelivered += broker.resume(msg, now, reason)
         else:
             broker.retire(msg, now)
+    broker.resume_claims(now)
     broker.dispatch(now)
     return redelivered
 
@@ -132,7 +147,15 @@ def state_records(broker: Broker, now: float) -> Iterator[ch.Change]:
         )  # fmt: skip
         for e in durable:
             if e.attempts:
-                yield ch.Delivered(msg.code, msg.topic, e.group.name, e.attempts, e.last_delivered_at)
+                claims = e.group.claims
+                claim = claims.of.get(e) if claims is not None else None
+                if claim is None:
+                    yield ch.Delivered(msg.code, msg.topic, e.group.name, e.attempts, e.last_delivered_at)
+                else:  # in flight under a claim: recovery keeps it so
+                    yield ch.Delivered(
+                        msg.code, msg.topic, e.group.name, e.attempts, e.last_delivered_at, claim.name,
+                        claim.lease_s,
+                    )  # fmt: skip
                 if not e.status.final and e.status is not Status.INFLIGHT:  # requeued since
                     yield ch.Requeued(
                         msg.code, msg.topic, e.group.name, "snapshot", e.last_delivered_at, e.attempts

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from kapok.core.model import Consumer, Entry, Status
 
 if TYPE_CHECKING:
+    from kapok.core.claims import Claims
     from kapok.core.model import Message
     from kapok.core.settings import TopicSettings
 
@@ -45,6 +46,7 @@ class Group:
     __slots__ = (
         "_rr",
         "_weighted",
+        "claims",
         "consumers",
         "durable",
         "name",
@@ -69,6 +71,7 @@ class Group:
         self.ready_count = 0  # READY entries in ``ready`` and ``parked``
         self.consumers: list[Consumer] = []
         self.pull: Consumer | None = None  # lessee of HTTP pull requests
+        self.claims: Claims | None = None  # named pull leases (kapok.core.claims); None until the first
         self.waiters = 0  # long-polls waiting for this group to get ready entries
         self._rr = 0
         self._weighted = False

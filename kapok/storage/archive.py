@@ -103,7 +103,7 @@ def archive_events(rows: Sequence[list[Any]]) -> list[Event]:
     for row in rows:
         kind = row[0]
         if kind == _DELIVERED:
-            _, code, topic, group, attempts, at = row
+            _, code, topic, group, attempts, at = row if len(row) == 6 else row[:6]  # a claimed one has 8
             add({"ev": "delivered", "code": code, "topic": topic, "group": group, "t": at,
                  "attempt": attempts})  # fmt: skip
         elif kind == _SETTLED:

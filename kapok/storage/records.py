@@ -85,7 +85,13 @@ def frame(payload: bytes) -> bytes:
 # One row builder per type: explicit tuples are much cheaper than reflection.
 _ROWS: Final[dict[type[Any], Callable[[Any], tuple[Any, ...]]]] = {
     ch.GroupCreated: lambda r: (2, r.topic, r.group, r.at),
-    ch.Delivered: lambda r: (3, r.code, r.topic, r.group, r.attempts, r.at),
+    # A claimed delivery's row adds its claim and lease length; an unclaimed one keeps the
+    # row records had before claims existed (the archive reads it as such).
+    ch.Delivered: lambda r: (
+        (3, r.code, r.topic, r.group, r.attempts, r.at, r.claim, r.lease_s)
+        if r.claim
+        else (3, r.code, r.topic, r.group, r.attempts, r.at)
+    ),
     ch.Requeued: lambda r: (4, r.code, r.topic, r.group, r.reason, r.at, r.attempts),
     ch.Settled: lambda r: (5, r.code, r.topic, r.group, r.status, r.reason, r.at),
     ch.MessageDeleted: lambda r: (6, r.code, r.at, r.topic),

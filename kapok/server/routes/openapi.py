@@ -156,10 +156,16 @@ def document(config: Config) -> dict[str, Any]:
             },
         ]
     }
+    claim = {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,200}$"}
     settle = {
         "type": "object",
-        "required": ["codes"],
-        "properties": {"group": {"type": "string"}, "codes": _CODES, "requeue": {"type": "boolean"}},
+        "anyOf": [{"required": ["codes"]}, {"required": ["claim"]}],
+        "properties": {
+            "group": {"type": "string"},
+            "codes": _CODES,
+            "claim": claim,
+            "requeue": {"type": "boolean"},
+        },
     }
     bearer: list[dict[str, list[str]]] = [{"bearer": []}]
     v1 = "native"
@@ -272,6 +278,7 @@ def document(config: Config) -> dict[str, Any]:
                         "long-poll seconds",
                     ),
                     _query("lease_s", {"type": "number", "minimum": 0.001, "maximum": 86400}, "lease length"),
+                    _query("claim", claim, "a name for the lease: fetches again what it holds in flight"),
                 ],
                 security=bearer,
             ),

@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from kapok.core.broker import Settle
+from kapok.core.claims import check_claim
 from kapok.core.topics import Topic
 from kapok.errors import BadRequestError, NotFoundError
 from kapok.protocol.fields import client_label, decode_object, get_bool, get_codes, get_str
@@ -56,10 +57,12 @@ def _query_number(request: web.Request, name: str, default: float, lo: float, hi
 
 @routes.get("/v1/topics/{topic}/messages")
 async def pull(request: web.Request) -> web.Response:
-    """Lease messages: ``group``, ``max`` (1-1000), ``wait`` (long-poll seconds), ``lease_s``.
+    """Lease messages: ``group``, ``max`` (1-1000), ``wait`` (long-poll seconds), ``lease_s``,
+    ``claim`` (a name for the lease: ``kapok.core.claims``).
 
-    Leased messages must be acked by code before the lease ends, or they are
-    delivered again (counting toward ``max_deliveries``).
+    Leased messages must be acked by code (or by claim) before the lease ends, or they
+    are delivered again (counting toward ``max_deliveries``). Under a claim that still
+    has messages in flight, the answer is those messages, their leases renewed.
     """
     service = request.app[SERVICE]
     topic = request.match_info["topic"]
@@ -68,13 +71,18 @@ async def pull(request: web.Request) -> web.Response:
     wait_s = _query_number(request, "wait", 0.0, 0.0, cfg.server.long_poll_max_s)
     lease_s = _query_number(request, "lease_s", cfg.mq.topic(topic).ack_timeout_s, 0.001, 86400.0)
     group = request.query.get("group")
-    entries = await service.pull(topic, group, max_n, lease_s, wait_s)
+    claim = request.query.get("claim")
+    if claim is not None:
+        check_claim(claim)
+    entries = await service.pull(topic, group, max_n, lease_s, wait_s, claim or "")
     messages = []
     for entry in entries:
         item = message_json(entry.msg, entry)
         item["group"] = entry.group.name
         item["lease_until"] = entry.deadline
         messages.append(item)
+    if claim is not None:
+        return json_response({"messages": messages, "claim": claim})
     return json_response({"messages": messages})
 
 
@@ -84,24 +92,32 @@ async def _settle(request: web.Request, ack: bool) -> web.Response:
     group = body.get("group")
     if group is not None and not isinstance(group, str):
         raise BadRequestError("field 'group' must be a string")
-    codes = get_codes(body)
+    claim = body.get("claim")
+    if claim is not None:
+        check_claim(claim)
+    codes = get_codes(body) if claim is None or "codes" in body else []
     if ack:
         how = Settle.ACK
     else:
         how = Settle.REQUEUE if get_bool(body, "requeue", True) else Settle.REJECT
-    unknown = service.settle_in_group(request.match_info["topic"], group, codes, how)
-    return json_response({"settled": len(codes) - len(unknown), "unknown": unknown})
+    if claim is None:
+        unknown = service.settle_in_group(request.match_info["topic"], group, codes, how)
+        return json_response({"settled": len(codes) - len(unknown), "unknown": unknown})
+    settled, unknown = service.settle_leases(request.match_info["topic"], group, codes, claim, how)
+    return json_response({"settled": settled, "unknown": unknown})
 
 
 @routes.post("/v1/topics/{topic}/ack")
 async def ack(request: web.Request) -> web.Response:
-    """Body ``{"group": g, "codes": [...]}``; unknown codes are listed, the rest settled."""
+    """Body ``{"group": g, "codes": [...]}`` and/or ``"claim": c`` (every message in flight
+    under the claim); unknown codes are listed, the rest settled."""
     return await _settle(request, ack=True)
 
 
 @routes.post("/v1/topics/{topic}/nack")
 async def nack(request: web.Request) -> web.Response:
-    """Body ``{"group": g, "codes": [...], "requeue": true}``; ``requeue: false`` dead-letters."""
+    """Body ``{"group": g, "codes": [...], "requeue": true}`` (or a ``"claim"``, as for an
+    ack); ``requeue: false`` dead-letters."""
     return await _settle(request, ack=False)
 
 
