@@ -404,6 +404,14 @@ def document(config: Config) -> dict[str, Any]:
         "/console/api/topics": {"get": _console_api("Topics and groups")},
         "/console/api/clients": {"get": _console_api("Connections and subscriptions")},
         "/console/api/analytics": {"get": _console_api("The analytics figures")},
+        "/console/api/analytics/summary": {
+            "get": _op(
+                "This node's own analytics summary (null without one), read by the other members",
+                "console",
+                {"200": _json(_OBJ), **_errors(401, 429)},
+                security=[{"console": []}, {"bearer": []}],
+            )
+        },
         "/console/api/messages": {"get": _console_api("Message search", [code_query])},
         "/console/api/messages/{code}": {"get": _console_api("One message", [code])},
     }
