@@ -39,33 +39,46 @@ are ``YYYY-MM-DD`` strings of the UTC date.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import UTC
 from typing import Any, Final
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from kapok.analytics import lifecycle as lc
+
 __all__ = [
     "COUNTED_EVENTS",
     "EVENT_SCHEMA",
+    "GROUP_SUMS",
+    "HIST_BOUNDS_MS",
     "LATENCY_ACCURACY",
     "NEWER_EVENTS",
     "PERCENTILES",
+    "WINDOWS",
     "daily_counts",
+    "duration_stats",
     "events_only",
     "events_since",
+    "group_counts",
+    "group_table",
     "hourly_counts",
     "hourly_table",
     "latencies",
     "latency_percentiles",
     "line_metrics",
     "summary",
+    "table_names",
+    "topic_counts",
     "topic_totals",
+    "window_column",
 ]
 
 # The fields the job reads (others in a line are ignored). Explicit, so Spark never
 # scans the input to infer a schema; and each aggregation parses only the fields it uses.
 EVENT_SCHEMA: Final = (
-    "ev STRING, code STRING, topic STRING, t DOUBLE, create_time DOUBLE, size LONG, attempt INT"
+    "ev STRING, code STRING, topic STRING, group STRING, t DOUBLE, create_time DOUBLE, deliver_at DOUBLE, "
+    "size LONG, attempt INT"
 )
 # Event kinds counted per topic × hour, each into a column of the same name.
 COUNTED_EVENTS: Final = ("published", "delivered", "acked", "retried", "dead_lettered", "expired", "dropped")
@@ -78,6 +91,32 @@ LATENCY_ACCURACY: Final = 10_000  # percentile_approx's accuracy: rank error at 
 PERCENTILES: Final = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
 _HOUR_S: Final = 3600
 _DAY_S: Final = 86400
+# ``--window``: its length in seconds (UTC windows of fixed length: no leap seconds).
+WINDOWS: Final = {"minute": 60, "hour": _HOUR_S, "day": _DAY_S}
+# Per topic × group × window: the counts of the kinds that name a group.
+GROUP_SUMS: Final = (*lc.GROUP_KINDS, "redelivered")
+# Histogram buckets of every duration, in ms: bucket i counts bounds[i-1] < v <= bounds[i]
+# (the first from −inf, one more after the last bound, to +inf).
+HIST_BOUNDS_MS: Final = (
+    1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000,
+    100_000, 200_000, 600_000,
+)  # fmt: skip
+# Duration columns of the windows table and the topic totals, per ``lifecycle.DURATION_METRICS``.
+_STATS: Final = (*PERCENTILES, "max")
+
+
+def window_column(window: str) -> str:
+    """The windows table's time column: ``minute``, ``hour``, or ``day_start`` (``day`` is the
+    partition's date string)."""
+    return "day_start" if window == "day" else window
+
+
+def table_names(window: str) -> tuple[str, str]:
+    """The windows table's and the groups table's directories for ``window``: ``hourly`` and
+    ``groups`` for hours (the names from before ``--window``), else suffixed by the grain."""
+    if window == "hour":
+        return "hourly", "groups"
+    return f"by_{window}", f"groups_by_{window}"
 
 
 def _is_event() -> Column:
@@ -108,10 +147,6 @@ def line_metrics(since_t: float | None) -> list[Column]:
     ]
 
 
-def _hour(t: Column) -> Column:
-    return F.timestamp_seconds(F.floor(t / _HOUR_S) * _HOUR_S)
-
-
 def _day(t: Column) -> Column:
     return F.date_from_unix_date(F.floor(t / _DAY_S).cast("int")).cast("string")
 
@@ -124,83 +159,158 @@ def _ratio(part: str, whole: str) -> Column:
     return F.when(F.col(whole) > 0, F.col(part) / F.col(whole)).otherwise(F.lit(0.0))
 
 
-def hourly_counts(events: DataFrame) -> DataFrame:
-    """Per topic × hour: ``SUMS`` (``COUNTED_EVENTS``, ``bytes``, ``redelivered``,
-    ``NEWER_EVENTS``), ``redelivery_ratio``, ``day``."""
+def _window_t(t: Column, window: str) -> Column:
+    return lc.window_start(t, WINDOWS[window])
+
+
+def _stamp(window_t: Column) -> Column:
+    return F.timestamp_seconds(window_t)
+
+
+def group_counts(events: DataFrame, window: str = "hour") -> DataFrame:
+    """Per topic × group × window (``window_t``, unix s): ``SUMS``; ``group`` is null for the
+    kinds that name no group (``published``, ``deleted``). One aggregation feeds the topics'
+    and the groups' tables."""
     sums = [F.count(F.when(_is(kind), 1)).alias(kind) for kind in COUNTED_EVENTS]
     sums.append(F.coalesce(F.sum(F.when(_is("published"), F.col("size"))), F.lit(0)).alias("bytes"))
     sums.append(F.count(F.when(_is("delivered") & (F.col("attempt") > 1), 1)).alias("redelivered"))
     sums.extend(F.count(F.when(_is(kind), 1)).alias(kind) for kind in NEWER_EVENTS)
     return (
         events.where(F.col("topic").isNotNull())  # old archives' ``deleted`` events carry no topic
-        .withColumn("hour_t", F.floor(F.col("t") / _HOUR_S) * _HOUR_S)
-        .groupBy("topic", "hour_t")
+        .withColumn("window_t", _window_t(F.col("t"), window))
+        .groupBy("topic", "group", "window_t")
         .agg(*sums)
+    )
+
+
+def topic_counts(grouped: DataFrame, window: str = "hour") -> DataFrame:
+    """Per topic × window: ``group_counts`` summed over the groups: the window's start (column
+    ``window_column(window)``), ``day``, ``SUMS``, ``redelivery_ratio``."""
+    return (
+        grouped.groupBy("topic", "window_t")
+        .agg(*(F.sum(name).alias(name) for name in SUMS))
         .select(
             "topic",
-            _hour(F.col("hour_t")).alias("hour"),
-            _day(F.col("hour_t")).alias("day"),
+            _stamp(F.col("window_t")).alias(window_column(window)),
+            _day(F.col("window_t")).alias("day"),
             *SUMS,
             _ratio("redelivered", "delivered").alias("redelivery_ratio"),
         )
     )
 
 
-def latencies(events: DataFrame, since_t: float | None = None) -> DataFrame:
-    """One row per ack at or after ``since_t`` with a known creation time: ``topic``, ``hour``,
-    ``latency_ms``.
+def hourly_counts(events: DataFrame, window: str = "hour") -> DataFrame:
+    """Per topic × window: ``SUMS`` (``COUNTED_EVENTS``, ``bytes``, ``redelivered``,
+    ``NEWER_EVENTS``), ``redelivery_ratio``, ``day``."""
+    return topic_counts(group_counts(events, window), window)
 
-    Creation times come from every ``published`` event, in the window or before it. One
-    shuffle by code brings a message's publish and its acks together (a join would take
-    two); a code published twice (two archives of one node) counts once, at its first time.
-    """
-    wanted = _is("published") | (_is("acked") & _in_window(since_t))
-    per_code = (
-        events.where(wanted)
-        .groupBy("code")
-        .agg(
-            F.min(F.when(_is("published"), F.col("create_time"))).alias("created"),
-            F.collect_list(F.when(_is("acked"), F.struct("topic", "t"))).alias("acks"),  # nulls left out
-        )
-        .where(F.col("created").isNotNull())
-    )
-    acks = per_code.select("created", F.explode("acks").alias("ack"))
-    return acks.select(
-        F.col("ack.topic").alias("topic"),
-        _hour(F.col("ack.t")).alias("hour"),
-        ((F.col("ack.t") - F.col("created")) * 1000.0).alias("latency_ms"),
+
+def latencies(events: DataFrame, since_t: float | None = None, window: str = "hour") -> DataFrame:
+    """One row per ack at or after ``since_t`` with a known creation time: ``topic``, the
+    window's start, ``latency_ms`` (``lifecycle.durations``' end-to-end latencies)."""
+    msgs = lc.messages(events)
+    rows = lc.durations(lc.entries(msgs, lc.group_starts(msgs)), msgs, WINDOWS[window], since_t)
+    return rows.where(F.col("metric") == "latency").select(
+        "topic", _stamp(F.col("window_t")).alias(window_column(window)), F.col("value_ms").alias("latency_ms")
     )
 
 
-def latency_percentiles(latency: DataFrame) -> DataFrame:
-    """Per topic × hour, and per topic overall (``hour`` null): p50, p95, p99, max and ``acks``.
+def duration_stats(durations: DataFrame) -> DataFrame:
+    """Per topic × metric × window, and per topic × metric overall (``window_t`` null): p50,
+    p95, p99, ``max``, ``count`` and ``hist`` (counts per ``HIST_BOUNDS_MS`` bucket) of
+    ``lifecycle.durations``' rows.
 
     One pass for both levels (two grouping sets): the overall percentiles cannot be
-    derived from the hourly ones.
+    derived from the windows' ones.
     """
-    sketch = F.percentile_approx("latency_ms", list(PERCENTILES.values()), LATENCY_ACCURACY)
+    value = F.col("value_ms")
+    bucket = sum(
+        ((value > F.lit(float(b))).cast("int") for b in HIST_BOUNDS_MS[1:]), (value > 1.0).cast("int")
+    )
+    hist = F.array(*(F.count(F.when(F.col("bucket") == i, 1)) for i in range(len(HIST_BOUNDS_MS) + 1)))
+    sketch = F.percentile_approx("value_ms", list(PERCENTILES.values()), LATENCY_ACCURACY)
     return (
-        latency.groupingSets([("topic", "hour"), ("topic",)], "topic", "hour")
-        .agg(sketch.alias("ps"), F.max("latency_ms").alias("max"), F.count("*").alias("acks"))
+        durations.withColumn("bucket", bucket)
+        .groupingSets([("topic", "metric", "window_t"), ("topic", "metric")], "topic", "metric", "window_t")
+        .agg(
+            sketch.alias("ps"),
+            F.max("value_ms").alias("max"),
+            F.count("*").alias("count"),
+            hist.alias("hist"),
+        )
         .select(
             "topic",
-            "hour",
+            "metric",
+            "window_t",
             *(F.col("ps")[i].alias(name) for i, name in enumerate(PERCENTILES)),
             "max",
-            "acks",
+            "count",
+            "hist",
         )
     )
 
 
-def hourly_table(counts: DataFrame, percentiles: DataFrame) -> DataFrame:
-    """``hourly_counts`` with the hour's latency (``latency_p50_ms`` … ``latency_max_ms``; null
-    without acks of known creation time)."""
-    hourly = percentiles.where(F.col("hour").isNotNull()).select(
+def latency_percentiles(latency: DataFrame, window: str = "hour") -> DataFrame:
+    """``duration_stats`` of end-to-end latencies given as ``topic``, the window's start,
+    ``latency_ms``; with the window's start again (null overall) and ``acks`` (the count)."""
+    column = window_column(window)
+    rows = latency.select(
         "topic",
-        "hour",
-        *(F.col(name).alias(f"latency_{name}_ms") for name in (*PERCENTILES, "max")),
+        F.col(column).cast("long").alias("window_t"),
+        F.lit("latency").alias("metric"),
+        F.col("latency_ms").alias("value_ms"),
     )
-    return counts.join(hourly, ["topic", "hour"], "left")
+    stats = duration_stats(rows)
+    return stats.select("*", _stamp(F.col("window_t")).alias(column), F.col("count").alias("acks"))
+
+
+def _pivot() -> list[Column]:
+    """One row's duration columns from its metrics' rows: ``<metric>_p50_ms`` … ``_max_ms``,
+    ``<metric>_hist``, and ``delayed`` (how many messages had a delay)."""
+    out: list[Column] = []
+    for metric in lc.DURATION_METRICS:
+        mine = F.col("metric") == metric
+        out.extend(F.max(F.when(mine, F.col(name))).alias(f"{metric}_{name}_ms") for name in _STATS)
+        out.append(F.first(F.when(mine, F.col("hist")), ignorenulls=True).alias(f"{metric}_hist"))
+    out.append(
+        F.coalesce(F.sum(F.when(F.col("metric") == "delay", F.col("count"))), F.lit(0)).alias("delayed")
+    )
+    return out
+
+
+def hourly_table(counts: DataFrame, stats: DataFrame, window: str = "hour") -> DataFrame:
+    """``hourly_counts`` with the window's durations (``_pivot``; null without any)."""
+    column = window_column(window)
+    per_window = (
+        stats.where(F.col("window_t").isNotNull())
+        .groupBy("topic", _stamp(F.col("window_t")).alias(column))
+        .agg(*_pivot())
+    )
+    return counts.join(per_window, ["topic", column], "left").withColumn(
+        "delayed", F.coalesce(F.col("delayed"), F.lit(0))
+    )
+
+
+def group_table(grouped: DataFrame, backlog: DataFrame, counts: DataFrame, window: str = "hour") -> DataFrame:
+    """Per topic × group × window: the window's start, ``day``, ``GROUP_SUMS``, ``ready``,
+    ``in_flight``, ``oldest_unacked_age_s`` (``lifecycle.backlog``; its rows: the windows in
+    which the group had an event or an unacked entry), on the days of ``counts``."""
+    group_sums = grouped.where(F.col("group").isNotNull()).select("topic", "group", "window_t", *GROUP_SUMS)
+    column = window_column(window)
+    return (
+        backlog.join(group_sums, ["topic", "group", "window_t"], "left")
+        .select(
+            "topic",
+            "group",
+            _stamp(F.col("window_t")).alias(column),
+            _day(F.col("window_t")).alias("day"),
+            *(F.coalesce(F.col(name), F.lit(0)).alias(name) for name in GROUP_SUMS),
+            "ready",
+            "in_flight",
+            "oldest_unacked_age_s",
+        )
+        .join(counts.select("day").distinct(), "day", "left_semi")
+    )
 
 
 def daily_counts(hourly: DataFrame) -> DataFrame:
@@ -212,11 +322,9 @@ def daily_counts(hourly: DataFrame) -> DataFrame:
     )
 
 
-def topic_totals(daily: DataFrame, percentiles: DataFrame) -> DataFrame:
-    """Per topic: the days' sums, and the overall latency percentiles."""
-    overall = percentiles.where(F.col("hour").isNull()).select(
-        "topic", *(F.col(name).alias(f"latency_{name}_ms") for name in (*PERCENTILES, "max"))
-    )
+def topic_totals(daily: DataFrame, stats: DataFrame) -> DataFrame:
+    """Per topic: the days' sums, and the overall durations (``_pivot``)."""
+    overall = stats.where(F.col("window_t").isNull()).groupBy("topic").agg(*_pivot())
     sums = daily.groupBy("topic").agg(*(F.sum(name).alias(name) for name in SUMS))
     return sums.join(overall, "topic", "left")
 
@@ -231,19 +339,52 @@ def _ms(value: Any) -> float | None:
     return None if value is None else round(float(value), 3)
 
 
-def summary(
-    topics: Iterable[Mapping[str, Any]], days: Iterable[Mapping[str, Any]], generated_at: str
-) -> dict[str, Any]:
-    """The console's ``summary.json`` from ``topic_totals`` and ``daily_counts`` rows.
+def _hist(value: Any) -> list[int] | None:
+    return None if value is None else [int(n) for n in value]
 
-    ``{"generated_at", "topics": {t: {counts…, "latency_ms": {"p50", "p95", "p99"}}},
-    "days": [{"day", "topic", counts…, "dropped", "bytes", "redelivery_ratio"}]}``,
+
+def _group(row: Mapping[str, Any], column: str) -> dict[str, Any]:
+    start = row[column]
+    out: dict[str, Any] = {
+        "topic": str(row["topic"]),
+        "group": str(row["group"]),
+        "window_start": start.astimezone(UTC).isoformat().replace("+00:00", "Z") if start else None,
+        "ready": int(row["ready"]),
+        "in_flight": int(row["in_flight"]),
+    }
+    age = row["oldest_unacked_age_s"]
+    out["oldest_unacked_age_s"] = None if age is None else round(float(age), 3)
+    out.update({name: int(row[name]) for name in GROUP_SUMS})
+    return out
+
+
+def summary(
+    topics: Iterable[Mapping[str, Any]],
+    days: Iterable[Mapping[str, Any]],
+    generated_at: str,
+    groups: Iterable[Mapping[str, Any]] = (),
+    window: str = "hour",
+) -> dict[str, Any]:
+    """The console's ``summary.json`` from ``topic_totals``, ``daily_counts`` and the last
+    ``group_table`` row of each group.
+
+    ``{"generated_at", "topics": {t: {counts…, "latency_ms": {"p50", "p95", "p99"}, …}},
+    "days": [{"day", "topic", counts…, "dropped", "bytes", "redelivery_ratio"}], …}``,
     days sorted by day then topic; a latency is null where no ack had a known creation time.
+    Added after those keys: per topic ``queue_wait_ms``, ``processing_ms`` and ``delay_ms``
+    (p50, p95, p99 each), ``delayed`` and ``histograms`` (``latency``, ``queue_wait``,
+    ``processing``, ``delay``: counts per bucket, null without any); at the top
+    ``window``, ``histogram_bounds_ms`` and ``groups`` (sorted by topic, group: the
+    backlog at the end of the group's last window).
     """
     out_topics: dict[str, Any] = {}
     for row in sorted(topics, key=lambda r: str(r["topic"])):
         entry: dict[str, Any] = {name: int(row[name]) for name in SUMMARY_COUNTS}
         entry["latency_ms"] = {name: _ms(row[f"latency_{name}_ms"]) for name in PERCENTILES}
+        for metric in lc.DURATION_METRICS[1:]:
+            entry[f"{metric}_ms"] = {name: _ms(row.get(f"{metric}_{name}_ms")) for name in PERCENTILES}
+        entry["delayed"] = int(row.get("delayed") or 0)
+        entry["histograms"] = {metric: _hist(row.get(f"{metric}_hist")) for metric in lc.DURATION_METRICS}
         out_topics[str(row["topic"])] = entry
     out_days = []
     for row in sorted(days, key=lambda r: (str(r["day"]), str(r["topic"]))):
@@ -251,4 +392,15 @@ def summary(
         day.update({name: int(row[name]) for name in (*SUMMARY_COUNTS, "dropped", "bytes")})
         day["redelivery_ratio"] = round(float(row["redelivery_ratio"]), 6)
         out_days.append(day)
-    return {"generated_at": generated_at, "topics": out_topics, "days": out_days}
+    column = window_column(window)
+    out_groups = [
+        _group(row, column) for row in sorted(groups, key=lambda r: (str(r["topic"]), str(r["group"])))
+    ]
+    return {
+        "generated_at": generated_at,
+        "topics": out_topics,
+        "days": out_days,
+        "window": window,
+        "histogram_bounds_ms": list(HIST_BOUNDS_MS),
+        "groups": out_groups,
+    }

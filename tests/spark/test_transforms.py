@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
 from datetime import UTC, datetime
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from kapok.analytics import lifecycle as lc
 from kapok.analytics import transforms as tf
 
 H = 3600.0
@@ -216,11 +218,220 @@ def test_summary_has_the_consoles_shape() -> None:
     day = {"topic": "t", "day": "2026-03-01", **counts, "published": 3, "redelivery_ratio": 0.0}
     out = tf.summary([topic], [day], "2026-03-01T00:00:00Z")
     shown = {"published": 3, "delivered": 0, "acked": 0, "retried": 0, "dead_lettered": 0, "expired": 0}
+    no_ms = {"p50": None, "p95": None, "p99": None}
     assert out == {
         "generated_at": "2026-03-01T00:00:00Z",
-        "topics": {"t": {**shown, "latency_ms": {"p50": 1.235, "p95": 1.235, "p99": 1.235}}},
+        "topics": {
+            "t": {
+                **shown,
+                "latency_ms": {"p50": 1.235, "p95": 1.235, "p99": 1.235},
+                "queue_wait_ms": no_ms,
+                "processing_ms": no_ms,
+                "delay_ms": no_ms,
+                "delayed": 0,
+                "histograms": {"latency": None, "queue_wait": None, "processing": None, "delay": None},
+            }
+        },
         "days": [
             {"day": "2026-03-01", "topic": "t", **shown, "dropped": 0, "bytes": 0, "redelivery_ratio": 0.0}
         ],
+        "window": "hour",
+        "histogram_bounds_ms": list(tf.HIST_BOUNDS_MS),
+        "groups": [],
     }
     assert list(out["days"][0])[:3] == ["day", "topic", "published"]
+    assert list(out)[:3] == ["generated_at", "topics", "days"]  # the console's keys come first
+
+
+def test_summary_adds_the_latency_split_histograms_and_each_groups_last_backlog() -> None:
+    topic: dict[str, Any] = {"topic": "t", **dict.fromkeys(tf.SUMS, 0)}
+    for metric in lc.DURATION_METRICS:
+        topic.update({f"{metric}_{p}_ms": 2.0 for p in ("p50", "p95", "p99", "max")})
+        topic[f"{metric}_hist"] = [0] * 18 + [1]
+    topic.update(delayed=4, queue_wait_p99_ms=7.00049)
+    group = {
+        "topic": "t",
+        "group": "g",
+        "minute": datetime.fromtimestamp(T0 + 60, UTC),
+        "ready": 5,
+        "in_flight": 2,
+        "oldest_unacked_age_s": 90.12345,
+        **dict.fromkeys(tf.GROUP_SUMS, 1),
+    }
+    out = tf.summary(
+        [topic], [], "x", [group, {**group, "group": "a", "oldest_unacked_age_s": None}], "minute"
+    )
+    entry = out["topics"]["t"]
+    assert entry["queue_wait_ms"] == {"p50": 2.0, "p95": 2.0, "p99": 7.0}
+    assert (entry["delayed"], entry["histograms"]["delay"]) == (4, [0] * 18 + [1])
+    assert out["window"] == "minute"
+    assert out["groups"] == [
+        {
+            "topic": "t",
+            "group": "a",
+            "window_start": "2026-03-01T00:01:00Z",
+            "ready": 5,
+            "in_flight": 2,
+            "oldest_unacked_age_s": None,
+            **dict.fromkeys(tf.GROUP_SUMS, 1),
+        },
+        {
+            "topic": "t",
+            "group": "g",
+            "window_start": "2026-03-01T00:01:00Z",
+            "ready": 5,
+            "in_flight": 2,
+            "oldest_unacked_age_s": 90.123,
+            **dict.fromkeys(tf.GROUP_SUMS, 1),
+        },
+    ]
+
+
+def _figures(spark: SparkSession, window: str, *items: dict[str, Any]) -> tuple[DataFrame, DataFrame]:
+    """The job's per-code figures: (entries, messages)."""
+    msgs = lc.messages(_events(spark, *items))
+    return lc.entries(msgs, lc.group_starts(msgs)), msgs
+
+
+def test_backlog_at_each_window_end_ready_in_flight_and_oldest_unacked(spark: SparkSession) -> None:
+    items = (
+        _pub("a", "t", T0 + 10),
+        _ev("delivered", "a", "t", T0 + 20, attempt=1),
+        _ev("retried", "a", "t", T0 + 30, attempt=1, reason="nack"),
+        _pub("b", "t", T0 + 40),
+        _ev("delivered", "b", "t", T0 + 50, attempt=1),
+        _pub("c", "t", T0 + 60),  # never delivered in g: assumed ready there (after g's start)
+        _ev("delivered", "a", "t", T0 + H + 5, attempt=2),
+        _ev("acked", "a", "t", T0 + H + 10),
+        {"ev": "deleted", "code": "c", "topic": "t", "t": T0 + H + 30},  # its open entry ends
+        _ev("acked", "b", "t", T0 + 2 * H + 1),  # in flight across two window ends
+        _pub("d", "t", T0 + 3 * H),  # still ready at the input's end
+        _pub("z", "t", T0 + 5),  # before g's first event, never touched: not g's
+    )
+    entries, _ = _figures(spark, "hour", *items)
+    grouped = tf.group_counts(_events(spark, *items))
+    rows = lc.backlog(entries, int(H), grouped.where(F.col("group").isNotNull()))
+    got = {
+        int(r["window_t"] - T0) // int(H): (r["ready"], r["in_flight"], r["oldest_unacked_age_s"])
+        for r in rows.collect()
+    }
+    assert got == {
+        0: (2, 1, H - 10),  # a (requeued) and c ready, b in flight; a is the oldest (due T0+10)
+        1: (0, 1, 2 * H - 40),  # a acked, c deleted; b still in flight
+        2: (0, 0, None),
+        3: (1, 0, H),  # d, due at the window's start
+    }
+    table = tf.group_table(grouped, rows, tf.hourly_counts(_events(spark, *items)))
+    counts = {
+        int(r["hour"].timestamp() - T0) // int(H): (
+            r["delivered"],
+            r["retried"],
+            r["acked"],
+            r["redelivered"],
+        )
+        for r in table.collect()
+    }
+    assert counts == {0: (2, 1, 0, 0), 1: (1, 0, 1, 1), 2: (0, 0, 1, 0), 3: (0, 0, 0, 0)}
+    assert {r["day"] for r in table.collect()} == {"2026-03-01"}
+
+
+def test_backlog_in_minute_windows_and_a_redelivery_without_requeue(spark: SparkSession) -> None:
+    # An archive written before ``retried`` covered recovery: a second delivery while in flight.
+    entries, _ = _figures(
+        spark,
+        "minute",
+        _pub("a", "t", T0),
+        _ev("delivered", "a", "t", T0 + 1, attempt=1),
+        _ev("delivered", "a", "t", T0 + 61, attempt=2),
+        _ev("acked", "a", "t", T0 + 150),
+    )
+    got = {
+        int(r["window_t"] - T0): (r["ready"], r["in_flight"], r["oldest_unacked_age_s"])
+        for r in lc.backlog(entries, 60).collect()
+    }
+    assert got == {0: (0, 1, 60.0), 60: (0, 1, 120.0), 120: (0, 0, None)}
+
+
+def test_queue_wait_excludes_the_delay_processing_is_from_the_acked_delivery(spark: SparkSession) -> None:
+    entries, msgs = _figures(
+        spark,
+        "hour",
+        {**_pub("e", "t", T0 + 100), "deliver_at": T0 + 160},  # published with a 60 s delay
+        _ev("delivered", "e", "t", T0 + 170, attempt=1),
+        _ev("acked", "e", "t", T0 + 175),
+        {**_pub("f", "t", T0 + 200), "deliver_at": T0 + 200},  # no delay
+        _ev("delivered", "f", "t", T0 + 201, attempt=1),
+        _ev("retried", "f", "t", T0 + 203, attempt=1, reason="timeout"),
+        _ev("delivered", "f", "t", T0 + 210, attempt=2),
+        _ev("acked", "f", "t", T0 + 212),
+        _ev("acked", "f", "t", T0 + 230, group="other"),  # no delivery of its own in the input
+    )
+    rows = lc.durations(entries, msgs, int(H), None).collect()
+    got = sorted((r["metric"], round(r["value_ms"], 3)) for r in rows)
+    assert got == [
+        ("delay", 60000.0),
+        ("latency", 12000.0),
+        ("latency", 30000.0),
+        ("latency", 75000.0),
+        ("processing", 2000.0),
+        ("processing", 5000.0),
+        ("queue_wait", 1000.0),
+        ("queue_wait", 10000.0),
+    ]
+    assert {int(r["window_t"]) for r in rows} == {int(T0)}
+    assert lc.durations(entries, msgs, int(H), T0 + 205).where(F.col("metric") == "queue_wait").count() == 0
+
+
+def test_histograms_count_each_value_in_its_log_spaced_bucket(spark: SparkSession) -> None:
+    values = [0.2, 1.0, 1.5, 5000.0, 5000.1, 600000.0, 600001.0, 1e9]
+    rows = [("t", int(T0), "latency", v) for v in values] + [("t", int(T0 + H), "delay", 3.0)]
+    stats = tf.duration_stats(
+        spark.createDataFrame(rows, "topic STRING, window_t LONG, metric STRING, value_ms DOUBLE")
+    )
+    out = {(r["metric"], r["window_t"]): r.asDict() for r in stats.collect()}
+    hist = out[("latency", int(T0))]["hist"]
+    assert len(hist) == len(tf.HIST_BOUNDS_MS) + 1 == 19
+    expected = [0] * 19
+    for v in values:
+        expected[bisect_left(tf.HIST_BOUNDS_MS, v)] += 1
+    assert hist == expected
+    assert (hist[0], hist[1], hist[11], hist[12], hist[17], hist[18]) == (2, 1, 1, 1, 1, 2)
+    assert out[("latency", None)]["hist"] == hist and out[("latency", None)]["count"] == 8
+    assert out[("delay", None)]["hist"][2] == 1 and out[("delay", None)]["p50"] == 3.0
+
+
+def test_windows_of_a_minute_or_a_day(spark: SparkSession) -> None:
+    events = _events(spark, _pub("a", "t", T0 + 59), _pub("b", "t", T0 + 61), _pub("c", "t", T0 + DAY + 1))
+    minutes = {
+        int(r["minute"].timestamp() - T0): r["published"]
+        for r in tf.hourly_counts(events, "minute").collect()
+    }
+    assert minutes == {0: 1, 60: 1, int(DAY): 1}
+    days = tf.hourly_counts(events, "day").collect()
+    assert {(int(r["day_start"].timestamp() - T0), r["day"], r["published"]) for r in days} == {
+        (0, "2026-03-01", 2),
+        (int(DAY), "2026-03-02", 1),
+    }
+    assert tf.table_names("hour") == ("hourly", "groups") and tf.table_names("minute")[0] == "by_minute"
+
+
+def test_the_windows_table_carries_the_latency_split_and_delays(spark: SparkSession) -> None:
+    items = (
+        {**_pub("e", "t", T0 + 100), "deliver_at": T0 + 160},
+        _ev("delivered", "e", "t", T0 + 170, attempt=1),
+        _ev("acked", "e", "t", T0 + 175),
+    )
+    entries, msgs = _figures(spark, "hour", *items)
+    stats = tf.duration_stats(lc.durations(entries, msgs, int(H), None))
+    [row] = tf.hourly_table(tf.hourly_counts(_events(spark, *items)), stats).collect()
+    assert (row["latency_p50_ms"], row["queue_wait_p99_ms"], row["processing_max_ms"]) == (
+        75000.0,
+        10000.0,
+        5000.0,
+    )
+    assert (row["delayed"], row["delay_p50_ms"]) == (1, 60000.0)
+    assert row["queue_wait_hist"][bisect_left(tf.HIST_BOUNDS_MS, 10000.0)] == 1
+    [total] = tf.topic_totals(
+        tf.daily_counts(tf.hourly_table(tf.hourly_counts(_events(spark, *items)), stats)), stats
+    ).collect()
+    assert (total["delayed"], total["processing_p50_ms"], total["latency_hist"][15]) == (1, 5000.0, 1)
