@@ -46,6 +46,10 @@ def rgb(css: str) -> tuple[int, int, int]:
     return r, g, b
 
 
+def hex_rgb(color: str) -> tuple[int, int, int]:
+    return int(color[1:3], 16), int(color[3:5], 16), int(color[5:7], 16)
+
+
 def luminance(color: tuple[int, int, int]) -> float:
     """WCAG's relative luminance."""
     lin = [c / 255 / 12.92 if c / 255 <= 0.04045 else ((c / 255 + 0.055) / 1.055) ** 2.4 for c in color]
@@ -90,3 +94,11 @@ def test_25_topics_get_25_distinct_colours_that_stay_put(page: Page, console: An
     expect(page.locator("#growth-chart polyline.series")).to_have_count(len(TOPICS))
     assert growth_colors(page) == first
     console.screenshot(page, "analytics_25_topics")
+    # Whatever the number of series: distinct, and 3:1 on the card.
+    palettes: list[list[str]] = page.evaluate(
+        "[1, 2, 7, 8, 9, 16, 40, 64, 300].map((n) => KapokCharts.palette(n))"
+    )
+    for colors in palettes:
+        assert len(set(colors)) == len(colors), colors
+        contrast = [(card + 0.05) / (luminance(hex_rgb(c)) + 0.05) for c in colors]
+        assert min(contrast) >= 3.0, (colors, contrast)

@@ -16,7 +16,7 @@
 
 const KapokCharts = (() => {
   const NS = "http://www.w3.org/2000/svg";
-  const COLORS = ["#2f6fde", "#e07b1f", "#2a9d5b", "#c0392b", "#8e44ad", "#16a2b8", "#7f8c8d", "#b8860b"];
+  const COLORS = ["#2f6fde", "#d9731a", "#2a9d5b", "#c0392b", "#8e44ad", "#16a2b8", "#7f8c8d", "#b8860b"];
   const LIGHTNESS = [0.5, 0.62]; // OKLCH L: ≥ 3:1 against white at full chroma
   const CHROMA = 0.14;
   const FIRST_HUE = 264; // the hue of COLORS[0], so a grown palette starts where the fixed one does
@@ -45,10 +45,22 @@ const KapokCharts = (() => {
     return `#${rgb.map(byte).join("")}`;
   }
 
-  // n distinct series colours.
+  // n distinct series colours (past a few dozen, hues that close would round to the same
+  // colour: such a one is made a little darker, which only adds contrast).
   function palette(n) {
     if (n <= COLORS.length) return COLORS.slice(0, n);
-    return Array.from({ length: n }, (_, i) => oklchHex(LIGHTNESS[i % 2], (FIRST_HUE + (360 * i) / n) % 360));
+    const seen = new Set();
+    return Array.from({ length: n }, (_, i) => {
+      const hue = (FIRST_HUE + (360 * i) / n) % 360;
+      let lightness = LIGHTNESS[i % 2];
+      let hex = oklchHex(lightness, hue);
+      while (seen.has(hex) && lightness > 0.2) {
+        lightness -= 0.004;
+        hex = oklchHex(lightness, hue);
+      }
+      seen.add(hex);
+      return hex;
+    });
   }
 
   function paint(el, color, ...props) {
@@ -163,9 +175,12 @@ const KapokCharts = (() => {
     const { svg, plot, y, colors } = drawn;
     const band = (plot.x1 - plot.x0) / groups;
     const barW = Math.min(40, Math.max(2, (band * 0.8) / spec.series.length));
+    const every = Math.max(1, Math.ceil(groups / Math.max(2, Math.floor((plot.x1 - plot.x0) / 70))));
     spec.categories.forEach((cat, g) => {
       const left = plot.x0 + g * band + (band - barW * spec.series.length) / 2;
-      text(svg, plot.x0 + g * band + band / 2, plot.y0 + 16, String(cat), { "text-anchor": "middle", class: "tick" });
+      if (g % every === 0) {
+        text(svg, plot.x0 + g * band + band / 2, plot.y0 + 16, String(cat), { "text-anchor": "middle", class: "tick" });
+      }
       spec.series.forEach((s, i) => {
         const v = s.values[g] || 0;
         const rect = node("rect", {
