@@ -7,11 +7,12 @@ other (``/sync/v1``, ``/replication/state``). ``PeerSummaries`` asks every live 
 that has an HTTP URL, all at once, each with a short time-out, and keeps each answer for
 ``CACHE_S``: page views and refreshes share one round of requests, however many there are,
 and a member that joins is asked at the next page view.
-A member without a summary is left out quietly; one that does not answer, answers with an
-error, with more than ``limit`` bytes or with something that is not a summary is left
-out too, and logged once per ``LOG_EVERY_S`` at most (a 404 is a version without the
-route, or a console turned off: quiet). Deciding who to ask
-and what an answer means are pure functions; the class only does the requests.
+
+A member without a summary, or answering 404 (a version without the route, or its console
+turned off), is left out quietly; one that does not answer, answers with an error, with
+more than ``limit`` bytes or with something that is not its summary is left out too, and
+logged once per ``LOG_EVERY_S`` at most. Deciding whom to ask and what an answer means are
+pure functions; the class only does the requests.
 """
 
 from __future__ import annotations
