@@ -77,6 +77,7 @@ class BrokerService:
         self._undurable: asyncio.Future[None] | None = None  # the WAL write of the latest publishes
         self._undurable_from = 0  # the first message (seq) that may wait for it
         self._seq_seen = 0  # broker.next_seq when last seen by _settle
+        self._last_write: asyncio.Future[None] | None = None  # the store's latest append (see durable)
         self._waiters: dict[Group, asyncio.Event] = {}
         self._timer: Timer | None = None
         self._timer_at = math.inf
@@ -99,6 +100,7 @@ class BrokerService:
             await self.store.aclose(snapshot=False)
         self.broker = Broker(self.config.mq.settings(), self.broker.node_id, journal=store.wants_changes)
         self._published, self._undurable, self._undurable_from, self._seq_seen = 0, None, 0, 0
+        self._last_write = None
         self.store = store
         await store.open(self.broker, self.now(), mirror=mirror)
 
@@ -284,6 +286,29 @@ class BrokerService:
             if not woken:
                 return []
 
+    def durable(self) -> asyncio.Future[None] | None:
+        """What to await before answering a request whose effect must outlive a crash and a
+        takeover (a claim's lease or its ack: ``kapok.core.claims``): every record journaled
+        so far written by the store (writes complete in order) and, with sync replication,
+        confirmed by the slave. None: nothing to wait for.
+
+        As for deliveries (``_delivered_after``), a slave that does not confirm in time
+        holds nothing back once the local write is done; and while the pair takes no
+        confirmed write at all (a sync master whose slave is gone: ``gate``), there is no
+        slave to wait for: a claim is then as durable as the master alone makes it."""
+        local = self._last_write
+        if local is not None and local.done() and not local.cancelled() and local.exception() is None:
+            local = None
+        if self.confirm is None:
+            return local
+        if self.gate is not None:
+            try:
+                self.gate(True)
+            except UnavailableError:
+                return local
+        confirmed = self.confirm(local)
+        return None if confirmed is None else _delivered_after(confirmed)
+
     async def _wait(self, event: asyncio.Event, until: float) -> bool:
         """Wait for ``event`` until the clock reaches ``until``; True if the event came first."""
         time_up: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -315,7 +340,7 @@ class BrokerService:
         if broker.journal:
             changes = broker.take_changes()
             if changes:
-                waiter = self.store.append(changes)
+                waiter = self._last_write = self.store.append(changes)
             if broker.stats.published != self._published:
                 # Messages were stored: no consumer may see them before they are confirmed (a
                 # crash before that would make them messages the node, or its slave taking

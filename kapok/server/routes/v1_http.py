@@ -75,6 +75,12 @@ async def pull(request: web.Request) -> web.Response:
     if claim is not None:
         check_claim(claim)
     entries = await service.pull(topic, group, max_n, lease_s, wait_s, claim or "")
+    if claim is not None and entries:
+        # The lease must outlive a crash or a takeover before its reader sees it: a reader
+        # that writes a batch and then acks its claim would otherwise get it again.
+        durable = service.durable()
+        if durable is not None:
+            await durable
     messages = []
     for entry in entries:
         item = message_json(entry.msg, entry)
@@ -104,6 +110,9 @@ async def _settle(request: web.Request, ack: bool) -> web.Response:
         unknown = service.settle_in_group(request.match_info["topic"], group, codes, how)
         return json_response({"settled": len(codes) - len(unknown), "unknown": unknown})
     settled, unknown = service.settle_leases(request.match_info["topic"], group, codes, claim, how)
+    durable = service.durable()  # answered once it outlives a crash or a takeover, as the lease did
+    if durable is not None:
+        await durable
     return json_response({"settled": settled, "unknown": unknown})
 
 
