@@ -47,8 +47,9 @@ in batches of ``maxMessagesPerBatch``, then stops.
 Options: ``seeds`` (comma-separated URLs of any nodes; ``url`` is one seed), ``topic``
 (required), ``group`` (default ``default``, the group of a p2p topic's plain consumers),
 ``startingPosition`` (``latest``: a group the nodes do not have yet is created by the
-query and gets what is published after; ``earliest``: it gets what the topic still holds,
-on nodes that support it), ``key`` (the secret key, default ``test``),
+query and gets what is published after; ``earliest`` is refused for such a group, which
+the nodes cannot start at the earliest message; a group that exists reads on from where
+it is, either way), ``key`` (the secret key, default ``test``),
 ``maxMessagesPerBatch`` (1000), ``leaseSeconds`` (600), ``timeoutSeconds`` (30, per HTTP
 request).
 """
@@ -112,8 +113,7 @@ def fetch(options: StreamOptions, part: KapokPartition) -> list[Row]:
     def pull(node: NodeClient) -> list[Row]:
         rows: list[Row] = []
         for claim, count in part.claims:
-            start = options.start if options.start != "latest" else ""
-            messages = node.pull(options.topic, options.group, count, options.lease_s, claim, start)
+            messages = node.pull(options.topic, options.group, count, options.lease_s, claim)
             rows.extend(message_row(m) for m in messages)
         return rows
 
@@ -229,25 +229,33 @@ class KapokStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._deliver_acks(pair, list(self._recent[name]), patient=False)
 
     def _ready_counts(self, pairs: dict[str, Pair]) -> dict[str, int]:
-        """Each pair's ready messages for the group (0 for a pair that cannot say now);
-        a group a node does not have yet is created there (``latest``) or counted as the
-        whole topic (``earliest``: the first pull creates it with everything)."""
+        """Each pair's ready messages for the group (none for a pair that cannot say now).
+        A group a node does not have yet is created there: it gets what comes after
+        (``latest``). Nodes cannot start a new group at the earliest message the topic
+        holds, so ``earliest`` fails then, with one line."""
         out = {}
+        opts = self.options
         for name, pair in pairs.items():
             url = pair.active_url
             if url is None:
                 continue  # no active node (a takeover under way): the next batch
             try:
-                with NodeClient(url, self.options.key, self.options.timeout_s) as node:
-                    ready, live = node.topic_counts(self.options.topic, self.options.group)
-                    if ready is None and self.options.start == "latest":
-                        node.release(self.options.topic, self.options.group, 1)
-                        ready, live = node.topic_counts(self.options.topic, self.options.group)
+                with NodeClient(url, opts.key, opts.timeout_s) as node:
+                    ready, live = node.topic_counts(opts.topic, opts.group)
+                    if ready is None and (opts.start == "latest" or live == 0):
+                        node.release(opts.topic, opts.group, 1)
+                        ready, live = node.topic_counts(opts.topic, opts.group)
             except KapokError as exc:
                 log.info("kapok source: pair %s cannot say what it has ready now (%s)", name, exc)
                 self._viewed_at = None  # ask the view again next time
                 continue
-            out[name] = live if ready is None else ready
+            if ready is None:
+                raise AnalyticsError(
+                    f"the kapok source: startingPosition=earliest is not supported by this node ({url}): it "
+                    f"cannot start the new group {opts.group!r} at the earliest message of {opts.topic!r}; "
+                    "use latest, or create the group first (a pull creates it)"
+                )
+            out[name] = ready
         return out
 
     def _ack_batch(self, offset: Offset, pairs: dict[str, Pair], *, patient: bool) -> None:

@@ -7,6 +7,7 @@ Python workers reach the node over HTTP on 127.0.0.1, as they would on a cluster
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
@@ -194,3 +195,35 @@ def test_a_new_named_group_is_created_by_its_first_read_and_gets_what_comes_afte
     assert sorted(run("s_groups_second")) == sorted(after)
     assert (_group(node, "s-groups", "spark")["inflight"], _group(node, "s-groups")["ready"]) == (0, 50)
     assert not set(before) & set(after)
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (
+            {"maxMessagePerBatch": "5"},
+            "unknown option maxmessageperbatch (did you mean maxMessagesPerBatch?)",
+        ),
+        (
+            {"group": "fresh", "startingPosition": "earliest"},
+            "startingPosition=earliest is not supported by this node",
+        ),
+    ],
+)
+def test_a_bad_option_or_an_earliest_the_node_cannot_give_fails_with_one_line(
+    spark: SparkSession, node: NodeProcess, options: dict[str, str], says: str
+) -> None:
+    _publish(node, "s-options", 0, 5)
+    reader = spark.readStream.format("kapok").option("seeds", node.url).option("topic", "s-options")
+    for name, value in options.items():
+        reader = reader.option(name, value)
+    with pytest.raises(Exception, match=re.escape(says)):
+        query = (
+            reader.load()
+            .writeStream.format("memory")
+            .queryName("s_options")
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(QUERY_S)
+        raise AssertionError(f"the query ended without an error: {query.exception()}")
