@@ -376,6 +376,12 @@ def _analytics_options(command: argparse.ArgumentParser) -> None:
         help="Spark master: local[*] (default, embedded), spark://host:port, yarn …",
     )
     add("--since", type=_duration, metavar="AGE", help="only events of the last AGE: 90s, 30m, 12h, 7d, 2w")
+    add(
+        "--window",
+        choices=("minute", "hour", "day"),
+        default="hour",
+        help="the windows of the per-window tables (default hour: hourly/ and groups/)",
+    )
     add("--watch", type=_seconds, metavar="SECONDS", help="run again every SECONDS until interrupted")
 
 

@@ -78,7 +78,10 @@ def _run_once(session: SparkSession, args: argparse.Namespace, output: str) -> N
     remote = len(inputs.sources) - inputs.local_files
     progress(f"reading {local}" + (f" and {remote} other inputs" if remote else ""))
     since_t = None if args.since is None else now - args.since
-    result = run_job(session, inputs.sources, output, since_t=since_t, now=now, progress=progress)
+    window = getattr(args, "window", None) or "hour"
+    result = run_job(
+        session, inputs.sources, output, since_t=since_t, now=now, progress=progress, window=window
+    )
     took = time.monotonic() - started
     progress(
         f"{result.topics} topics, {result.topic_hours} topic-hours → {output} "

@@ -7,6 +7,10 @@ It only wires; every rule lives in ``kapok.analytics.transforms``. Output, under
   redelivery ratio and latency percentiles;
 * ``daily/day=YYYY-MM-DD/`` Parquet: per topic × day the counts, bytes and
   redelivery ratio;
+* ``groups/day=YYYY-MM-DD/`` Parquet: per topic × group × hour the counts and the
+  backlog at the hour's end (``kapok.analytics.lifecycle``). With ``window`` "minute" or
+  "day" the two per-window tables are ``by_minute/`` and ``groups_by_minute/`` (or
+  ``by_day/``, ``groups_by_day/``) instead of ``hourly/`` and ``groups/``;
 * ``summary.json``: what the console draws (``transforms.summary``), replaced
   atomically on a local disk, so a reader never sees half of it. Its days and counts
   are read back from ``daily/`` (every day it holds); its latencies are the run's.
@@ -40,10 +44,11 @@ import orjson
 from py4j.protocol import Py4JError
 from pyspark import StorageLevel
 from pyspark.errors import PySparkException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from kapok.analytics import lifecycle as lc
 from kapok.analytics import transforms as tf
 from kapok.analytics.session import first_line
 from kapok.errors import AnalyticsError
@@ -75,10 +80,11 @@ def run_job(
     since_t: float | None = None,
     now: float,
     progress: Callable[[str], None] = lambda text: None,
+    window: str = "hour",
 ) -> JobResult:
     """Run the job over ``sources`` (files, directories, globs or URIs) into ``output``."""
     try:
-        return _run(spark, sources, output, since_t, now, progress)
+        return _run(spark, sources, output, since_t, now, progress, window)
     except (PySparkException, Py4JError) as exc:
         raise AnalyticsError(f"the Spark job failed: {_spark_error_line(exc)}") from exc
 
@@ -90,6 +96,7 @@ def _run(
     since_t: float | None,
     now: float,
     progress: Callable[[str], None],
+    window: str = "hour",
 ) -> JobResult:
     rows = (
         spark.read.schema(tf.EVENT_SCHEMA).option("mode", "PERMISSIVE").json(list(sources))
@@ -113,10 +120,16 @@ def _run(
             raise AnalyticsError(f"not an archive: none of the {skipped} lines read is a lifecycle event")
         progress(f"{count:,} events" + (f" ({skipped:,} torn or foreign lines skipped)" if skipped else ""))
         events = tf.events_only(rows)
-        percentiles = cache(tf.latency_percentiles(tf.latencies(events, since_t)))
-        hourly = cache(tf.hourly_table(tf.hourly_counts(tf.events_since(events, since_t)), percentiles))
+        # One shuffle by code: each message's life per group (durations, backlog).
+        msgs = cache(lc.messages(events))
+        entries = cache(lc.entries(msgs, lc.group_starts(msgs)))
+        percentiles = cache(tf.duration_stats(lc.durations(entries, msgs, tf.WINDOWS[window], since_t)))
+        grouped = cache(tf.group_counts(tf.events_since(events, since_t), window))
+        hourly = cache(tf.hourly_table(tf.topic_counts(grouped, window), percentiles, window))
+        backlog = lc.backlog(entries, tf.WINDOWS[window], grouped.where(F.col("group").isNotNull()))
+        groups = cache(tf.group_table(grouped, backlog, hourly, window))
         daily = cache(tf.daily_counts(hourly))
-        kept = _partial_days(spark, output, hourly, daily)
+        kept = _partial_days(spark, output, hourly, daily, window)
         if kept:
             progress(
                 f"kept {len(kept)} earlier day(s) as they were ({', '.join(kept)}): "
@@ -124,9 +137,11 @@ def _run(
             )
             hourly = hourly.where(~F.col("day").isin(kept))
             daily = daily.where(~F.col("day").isin(kept))
+            groups = groups.where(~F.col("day").isin(kept))
         topic_hours = hourly.count()
         with _write_conf(spark):
-            for name, table in (("hourly", hourly), ("daily", daily)):
+            windows_table, groups_table = tf.table_names(window)
+            for name, table in ((windows_table, hourly), ("daily", daily), (groups_table, groups)):
                 (
                     table.coalesce(1)
                     .write.mode("overwrite")
@@ -142,16 +157,25 @@ def _run(
         if history is not None:  # else no day has events yet
             topic_rows = [row.asDict() for row in tf.topic_totals(history, percentiles).collect()]
             day_rows = [row.asDict() for row in history.collect()]
+        group_rows = [row.asDict() for row in _last_windows(groups, window).collect()]
     finally:
         for frame in cached:
             frame.unpersist()
     generated_at = datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-    summary = tf.summary(topic_rows, day_rows, generated_at)
+    summary = tf.summary(topic_rows, day_rows, generated_at, group_rows, window)
     write_text(spark, _join(output, SUMMARY_FILE), orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
     return JobResult(output, count, skipped, len(topic_rows), topic_hours, summary, tuple(kept))
 
 
-def _partial_days(spark: SparkSession, output: str, hourly: DataFrame, daily: DataFrame) -> list[str]:
+def _last_windows(groups: DataFrame, window: str) -> DataFrame:
+    """Each group's row of its last window (the backlog the summary shows)."""
+    last = Window.partitionBy("topic", "group").orderBy(F.col(tf.window_column(window)).desc())
+    return groups.withColumn("n", F.row_number().over(last)).where(F.col("n") == 1).drop("n")
+
+
+def _partial_days(
+    spark: SparkSession, output: str, hourly: DataFrame, daily: DataFrame, window: str = "hour"
+) -> list[str]:
     """The recomputed days whose written partition holds more than the archive still does.
 
     A day's existing partition wins when it has an hour earlier than the recount's first
@@ -159,7 +183,7 @@ def _partial_days(spark: SparkSession, output: str, hourly: DataFrame, daily: Da
     (retention, or fewer inputs), so the recount would be partial.
     """
     old_daily = _read_table(spark, _join(output, "daily"), daily.schema)
-    old_hourly = _read_table(spark, _join(output, "hourly"), hourly.schema)
+    old_hourly = _read_table(spark, _join(output, tf.table_names(window)[0]), hourly.schema)
     if old_daily is None or old_hourly is None:
         return []
     days = [str(row["day"]) for row in daily.select("day").distinct().collect()]
@@ -179,7 +203,7 @@ def _partial_days(spark: SparkSession, output: str, hourly: DataFrame, daily: Da
             str(r["day"]): r["first"]
             for r in table_hourly.where(F.col("day").isin(days))
             .groupBy("day")
-            .agg(F.min("hour").alias("first"))
+            .agg(F.min(tf.window_column(window)).alias("first"))
             .collect()
         }
         return {day: (totals.get(day, 0), firsts.get(day)) for day in set(totals) | set(firsts)}

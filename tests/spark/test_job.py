@@ -26,7 +26,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from kapok.analytics.job import run_job
-from kapok.analytics.transforms import LATENCY_ACCURACY, PERCENTILES
+from kapok.analytics.transforms import GROUP_SUMS, LATENCY_ACCURACY, PERCENTILES
 from kapok.cli import main
 from kapok.config import Config, load_config
 from kapok.console import analytics as console_analytics
@@ -47,6 +47,9 @@ class Expected:
     hourly: dict[tuple[str, int], Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     hourly_latency: dict[tuple[str, int], list[float]] = field(default_factory=lambda: defaultdict(list))
     topic_latency: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    # Per group, and the latency split (queue wait, processing) per topic.
+    groups: dict[tuple[str, str, int], Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    split: dict[tuple[str, str], list[float]] = field(default_factory=lambda: defaultdict(list))
 
     def daily(self) -> dict[tuple[str, str], Counter[str]]:
         out: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
@@ -92,11 +95,16 @@ def expected_from(paths: Iterable[Path], since: float | None = None) -> Expected
     for event in everything:
         if event["ev"] == "published":
             created[event["code"]] = min(created.get(event["code"], math.inf), event["create_time"])
+    _split(everything, created, since, out)
     for event in everything:
         t = float(event["t"])
         if since is not None and t < since:
             continue
         out.events += 1
+        if "group" in event:
+            counts = out.groups[(event["topic"], event["group"], int(t // 3600) * 3600)]
+            counts[event["ev"]] += 1
+            counts["redelivered"] += event["ev"] == "delivered" and event["attempt"] > 1
         if "topic" not in event:
             continue
         key = (event["topic"], int(t // 3600) * 3600)
@@ -113,6 +121,31 @@ def expected_from(paths: Iterable[Path], since: float | None = None) -> Expected
             out.hourly_latency[key].append(latency)
             out.topic_latency[event["topic"]].append(latency)
     return out
+
+
+def _split(
+    everything: list[dict[str, Any]], created: dict[str, float], since: float | None, out: Expected
+) -> None:
+    """Queue wait (first delivery − due) and processing (ack − the delivery before it) per
+    entry (code × group); due = creation + the delay (``deliver_at`` − creation, if > 0)."""
+    due = {}
+    for event in everything:
+        if event["ev"] == "published" and event["code"] in created:
+            delay = max(0.0, float(event.get("deliver_at") or 0.0) - event["create_time"])
+            due[event["code"]] = created[event["code"]] + delay
+    steps: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for event in everything:
+        if "group" in event and "topic" in event:
+            steps[(event["code"], event["group"])].append(event)
+    for (code, _), events in steps.items():
+        events.sort(key=lambda e: e["t"])
+        deliveries = [e["t"] for e in events if e["ev"] == "delivered"]
+        if deliveries and code in due and (since is None or deliveries[0] >= since):
+            out.split[(events[0]["topic"], "queue_wait")].append((deliveries[0] - due[code]) * 1000.0)
+        for e in events:
+            before = [t for t in deliveries if t <= e["t"]]
+            if e["ev"] == "acked" and before and (since is None or e["t"] >= since):
+                out.split[(e["topic"], "processing")].append((e["t"] - before[-1]) * 1000.0)
 
 
 def check_percentile(
@@ -165,17 +198,33 @@ def check_output(spark: SparkSession, output: Path, want: Expected) -> dict[str,
         check_counts(row, want_daily[topic_day], names)
         assert row["redelivery_ratio"] == pytest.approx(_ratio(want_daily[topic_day]))
 
+    groups = {
+        (r["topic"], r["group"], int(r["hour_s"])): r.asDict()
+        for r in spark.read.parquet(str(output / "groups"))
+        .withColumn("hour_s", F.col("hour").cast("long"))
+        .collect()
+    }
+    assert set(groups) >= set(want.groups)  # and the windows of an entry unacked across their end
+    for group_key, row in groups.items():
+        check_counts(row, want.groups.get(group_key, Counter()), GROUP_SUMS)
+
     summary: dict[str, Any] = json.loads((output / "summary.json").read_text())
-    assert set(summary) == {"generated_at", "topics", "days"}
+    assert set(summary) == {"generated_at", "topics", "days", "window", "histogram_bounds_ms", "groups"}
     want_topics = want.topics()
     assert set(summary["topics"]) == set(want_topics)
     for topic, entry in summary["topics"].items():
-        assert set(entry) == {*COUNTED[:-1], "latency_ms"}
+        assert set(entry) >= {*COUNTED[:-1], "latency_ms", "queue_wait_ms", "processing_ms", "histograms"}
         check_counts(entry, want_topics[topic], COUNTED[:-1])
         for name, p in PERCENTILES.items():
             check_percentile(
                 entry["latency_ms"][name], want.topic_latency.get(topic, []), p, LATENCY_ACCURACY, 3
             )
+            for metric in ("queue_wait", "processing"):
+                values = want.split.get((topic, metric), [])
+                check_percentile(entry[f"{metric}_ms"][name], values, p, LATENCY_ACCURACY, 3)
+        hist = entry["histograms"]["latency"]
+        assert (sum(hist) if hist else 0) == len(want.topic_latency.get(topic, []))
+    assert {(g["topic"], g["group"]) for g in summary["groups"]} == {(t, g) for t, g, _ in groups}
     assert [(d["day"], d["topic"]) for d in summary["days"]] == sorted((day, t) for t, day in want_daily)
     for entry in summary["days"]:
         counts = want_daily[(entry["topic"], entry["day"])]
@@ -371,7 +420,40 @@ def test_real_node_archive_gives_the_same_numbers_as_plain_python(
     assert topics["emails"]["redelivered"] >= 50 and want.skipped == 0
 
     assert main(["analytics", "--input", str(data), "--output", str(tmp_path / "out")]) == 0
-    check_output(spark, tmp_path / "out", want)
+    summary = check_output(spark, tmp_path / "out", want)
+    # Everything was settled: each group's last backlog is empty.
+    assert {(g["topic"], g["group"]) for g in summary["groups"]} == {
+        ("orders", "default"),
+        ("emails", "default"),
+    }
+    assert {(g["ready"], g["in_flight"], g["oldest_unacked_age_s"]) for g in summary["groups"]} == {
+        (0, 0, None)
+    }
+
+
+def test_window_minute_writes_minute_windows(spark: SparkSession, tmp_path: Path) -> None:
+    paths = write_hand_built_archive(tmp_path / "store")
+    everything, _ = read_events(paths)
+    want: dict[tuple[str, int], Counter[str]] = defaultdict(Counter)
+    for event in everything:
+        if "topic" in event and event["ev"] in COUNTED:
+            want[(event["topic"], int(event["t"] // 60) * 60)][event["ev"]] += 1
+    out = tmp_path / "out"
+    result = run_job(spark, [str(p) for p in paths], str(out), now=T0 + 40 * 3600, window="minute")
+    minutes = {
+        (r["topic"], int(r["m"])): r.asDict()
+        for r in spark.read.parquet(str(out / "by_minute"))
+        .withColumn("m", F.col("minute").cast("long"))
+        .collect()
+    }
+    assert set(minutes) == set(want) and result.topic_hours == len(want)
+    for key, row in minutes.items():
+        check_counts(row, want[key], COUNTED)
+    groups = spark.read.parquet(str(out / "groups_by_minute"))
+    assert {"minute", "ready", "in_flight", "oldest_unacked_age_s", "day"} <= set(groups.columns)
+    assert groups.where(F.col("minute").cast("long") % 60 != 0).count() == 0
+    assert not (out / "hourly").exists() and (out / "daily").exists()
+    assert result.summary["window"] == "minute"
 
 
 def test_watch_runs_again_on_the_archive_as_it_grows(
