@@ -51,6 +51,7 @@ from pyspark.sql.types import StructType
 from kapok.analytics import lifecycle as lc
 from kapok.analytics import transforms as tf
 from kapok.analytics.session import first_line
+from kapok.analytics.unique import read_schema, unique_events
 from kapok.errors import AnalyticsError
 
 __all__ = ["SUMMARY_FILE", "JobResult", "run_job", "write_text"]
@@ -99,9 +100,9 @@ def _run(
     window: str = "hour",
 ) -> JobResult:
     rows = (
-        spark.read.schema(tf.EVENT_SCHEMA).option("mode", "PERMISSIVE").json(list(sources))
+        spark.read.schema(read_schema(tf.EVENT_SCHEMA)).option("mode", "PERMISSIVE").json(list(sources))
         if sources
-        else spark.createDataFrame([], tf.EVENT_SCHEMA)  # a node that has archived nothing yet
+        else spark.createDataFrame([], read_schema(tf.EVENT_SCHEMA))  # a node that has archived nothing yet
     )
     # A window is widened to whole days: every day partition it touches is recomputed
     # from all of that day's events the archive still holds, never from a part of them.
@@ -118,8 +119,15 @@ def _run(
         skipped, count = int(totals["skipped"]), int(totals["events"])
         if skipped and not totals["all_events"]:
             raise AnalyticsError(f"not an archive: none of the {skipped} lines read is a lifecycle event")
-        progress(f"{count:,} events" + (f" ({skipped:,} torn or foreign lines skipped)" if skipped else ""))
-        events = tf.events_only(rows)
+        # Every node's archive may be given, and one archive twice: each event counts once.
+        events = cache(unique_events(tf.events_only(rows)))
+        unique = tf.events_since(events, since_t).count()
+        repeated, count = count - unique, unique
+        progress(
+            f"{count:,} events"
+            + (f" ({repeated:,} more lines repeated them: counted once)" if repeated else "")
+            + (f" ({skipped:,} torn or foreign lines skipped)" if skipped else "")
+        )
         # One shuffle by code: each message's life per group (durations, backlog).
         msgs = cache(lc.messages(events))
         entries = cache(lc.entries(msgs, lc.group_starts(msgs)))

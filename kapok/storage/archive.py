@@ -67,6 +67,7 @@ log = logging.getLogger("kapok.storage")
 Event = dict[str, Any]
 
 MIB: Final = 1024 * 1024
+RUN_BYTES: Final = 8  # a run id's random bytes: 64 bits, never shared by two runs in practice
 _STAMP: Final = "%Y%m%dT%H%M%S"
 _NAME_RE: Final = re.compile(r"archive-(\d{8}T\d{6})-(\d+)\.jsonl")
 _SETTLED_EVENTS: Final = {
@@ -85,8 +86,14 @@ _PUBLISHED, _DELIVERED, _REQUEUED, _SETTLED, _DELETED = (
 )
 
 
-def archive_events(rows: Sequence[list[Any]]) -> list[Event]:
+def archive_events(
+    rows: Sequence[list[Any]], run: str | None = None, first_lsn: int | None = None
+) -> list[Event]:
     """Lifecycle events of the records in ``rows`` (``records.batch_rows``), in order.
+
+    With ``run`` and ``first_lsn`` (the WAL LSN of ``rows[0]``; the rows are consecutive
+    records), every event also carries ``run`` and ``lsn``, its record's LSN: ``(run,
+    lsn, ev)`` names the event (docs/analytics.md, "Event schema").
 
     Bookkeeping records yield nothing. ``t`` is the event's unix time in seconds
     (a message's creation time for ``published``). A final status the archive
@@ -100,6 +107,8 @@ def archive_events(rows: Sequence[list[Any]]) -> list[Event]:
     # dispatches on the kind, most frequent first, and builds dict literals.
     events: list[Event] = []
     add = events.append
+    tagged = 0  # events[:tagged] carry their record's run and LSN
+    lsn = first_lsn if run is not None else None
     for row in rows:
         kind = row[0]
         if kind == _DELIVERED:
@@ -138,6 +147,13 @@ def archive_events(rows: Sequence[list[Any]]) -> list[Event]:
             else:
                 add({"ev": "deleted", "code": row[1], "t": row[2]})
         # GroupCreated, Deduped, Checkpoint: bookkeeping, not part of a message's life.
+        if lsn is not None:
+            while tagged < len(events):
+                event = events[tagged]
+                event["run"] = run
+                event["lsn"] = lsn
+                tagged += 1
+            lsn += 1
     return events
 
 
@@ -149,9 +165,11 @@ _REQUEUED_FROM_DLQ: Final = ch.REQUEUED
 _DELETE: Final = ch.DELETED
 
 
-def encode_events(rows: Sequence[list[Any]]) -> tuple[bytes, int]:
+def encode_events(
+    rows: Sequence[list[Any]], run: str | None = None, first_lsn: int | None = None
+) -> tuple[bytes, int]:
     """The JSON lines of the events of ``rows`` (each ending in ``\\n``) and how many."""
-    events = archive_events(rows)
+    events = archive_events(rows, run, first_lsn)
     if not events:
         return b"", 0
     return dumps_lines(events, "ev") + b"\n", len(events)
@@ -239,6 +257,9 @@ class Archive:
         self._size = 0  # bytes of the current file, written and buffered
         self._next_n: int | None = None  # found by scanning the directory on first open
         self._closed = False
+        # Names this Archive's events, with their LSNs: a new one per process (an LSN may be
+        # written again by a node that leads anew after its log diverged: docs/analytics.md).
+        self.run = os.urandom(RUN_BYTES).hex()
         self.events_written = 0  # accepted into the buffer (for metrics)
         self.events_lost = 0  # of those, and of batches cut short, dropped by failed writes
 
@@ -247,14 +268,17 @@ class Archive:
         """The file being appended to, if one is open."""
         return self._path
 
-    def write(self, rows: Sequence[list[Any]]) -> None:
+    def write(self, rows: Sequence[list[Any]], first_lsn: int | None = None) -> None:
         """Archive the events of the records in ``rows``; raises ``StorageError`` if the disk refuses.
+
+        ``first_lsn``: the WAL LSN of ``rows[0]`` (the rows are consecutive records), if
+        known; the events then carry this archive's ``run`` and their record's ``lsn``.
 
         After a failure the buffered events are lost (counted in
         ``events_lost``) and the next call starts a new file, so the damage
         stays a cut last line.
         """
-        chunk, count = encode_events(rows)
+        chunk, count = encode_events(rows, self.run, first_lsn)
         if not count:
             return
         with self._lock:

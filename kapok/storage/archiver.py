@@ -6,7 +6,9 @@ loop (the GIL). So the node hands the archive the bytes it already has: the WAL
 frames it just wrote (``kapok.storage.records``), copied down a pipe to a child
 process, which decodes them and appends the events with ``Archive``. The node pays
 one pipe write per batch of frames; the records the archive reads are exactly the
-ones the WAL holds, in log order.
+ones the WAL holds, in log order. Each batch is headed by a small frame of its own
+(``position_frame``) with the LSN of its first record, so every event carries its
+record's LSN (``kapok.storage.archive``: what makes an event unique).
 
 * ``ArchiveFeed`` is the node's end (asyncio). ``feed`` never blocks; ``drain``
   waits while the child is more than ``HIGH_WATER`` bytes behind (the WAL's
@@ -27,14 +29,16 @@ ones the WAL holds, in log order.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import os
 import select
 import signal
+import struct
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -44,12 +48,12 @@ import orjson
 from kapok.errors import StorageError
 from kapok.logs import relog, setup_child
 from kapok.storage.archive import MIB, Archive
-from kapok.storage.records import HEADER, FrameReader
+from kapok.storage.records import HEADER, FrameReader, frame
 
 if TYPE_CHECKING:  # the child never imports asyncio (7 MB of its RSS); ArchiveFeed's methods do
     import asyncio
 
-__all__ = ["ArchiveFeed", "ArchiveSettings", "main"]
+__all__ = ["ArchiveFeed", "ArchiveSettings", "main", "position_frame", "positioned"]
 
 log = logging.getLogger("kapok.storage")
 
@@ -58,6 +62,10 @@ RESTART_S = 5.0
 CLOSE_TIMEOUT_S = 60.0
 MAINTAIN_S = 10.0
 READ_BYTES = MIB
+# The pipe carries the WAL's frames as written, each feed headed by a frame of this kind
+# (a kind the WAL never writes) holding the LSN of the feed's first record, little-endian.
+POSITION_TYPE = 254
+_LSN = struct.Struct("<Q")
 # The archiver runs at a lower priority than the node: on a busy machine the node and its
 # clients come first, and the archiver catches up in the gaps (HIGH_WATER bounds the lag).
 NICE = 10
@@ -110,12 +118,15 @@ class ArchiveFeed:
         proc, pipe = self._proc, self._pipe
         return proc is not None and proc.returncode is None and pipe is not None and not pipe.is_closing()
 
-    def feed(self, parts: list[bytes], count: int) -> None:
-        """Queue ``count`` WAL frames (their exact bytes, in pieces) for the archive."""
+    def feed(self, parts: list[bytes], count: int, first_lsn: int | None = None) -> None:
+        """Queue ``count`` WAL frames (their exact bytes, in pieces) for the archive;
+        ``first_lsn`` is the LSN of their first record (their records are consecutive)."""
         if not self.alive:
             self._lost(count)
             return
         assert self._pipe is not None
+        if first_lsn is not None:
+            self._pipe.write(position_frame(first_lsn))
         self._pipe.writelines(parts)
         self.bytes_fed += sum(map(len, parts))
 
@@ -196,6 +207,30 @@ async def _relay_log(stream: asyncio.StreamReader) -> None:
 # The child
 
 
+def position_frame(lsn: int) -> bytes:
+    """The frame that precedes a feed's WAL frames on the pipe: the LSN of their first record."""
+    return frame(bytes((POSITION_TYPE,)) + _LSN.pack(lsn))
+
+
+def positioned(frames: bytes, lsn: int | None) -> Iterator[tuple[int | None, bytes]]:
+    """``frames`` (whole frames) cut at its position frames: each run of WAL frames with the
+    LSN of its first record (``lsn`` for a run before the first position frame: a feed's
+    frames may arrive in several reads)."""
+    pos = start = 0
+    header = HEADER.size
+    while pos < len(frames):
+        (length, _) = HEADER.unpack_from(frames, pos)
+        end = pos + header + length
+        if length == 1 + _LSN.size and frames[pos + header] == POSITION_TYPE:
+            if start < pos:
+                yield lsn, frames[start:pos]
+            (lsn,) = _LSN.unpack_from(frames, pos + header + 1)
+            start = end
+        pos = end
+    if start < len(frames):
+        yield lsn, frames[start:]
+
+
 def complete_frames(buf: bytes | bytearray) -> int:
     """Length of the longest prefix of ``buf`` made of whole frames (the rest is still coming)."""
     pos, size, header = 0, len(buf), HEADER.size
@@ -216,6 +251,7 @@ def run(settings: ArchiveSettings, fd: int) -> None:
         max_age_s=settings.max_age_s,
     )
     pending = bytearray()  # read, not yet a whole frame (a big batch arrives in many reads)
+    next_lsn: int | None = None  # of the next record, once a position frame said it
     next_maintenance = time.monotonic() + MAINTAIN_S
     try:
         while True:
@@ -230,7 +266,7 @@ def run(settings: ArchiveSettings, fd: int) -> None:
                     with memoryview(pending) as view:  # one copy, not a bytearray slice copied again
                         frames = bytes(view[:whole])
                     del pending[:whole]
-                    _archive(archive, frames)
+                    next_lsn = _archive(archive, frames, next_lsn)
             if time.monotonic() >= next_maintenance:
                 next_maintenance = time.monotonic() + MAINTAIN_S
                 _guarded(archive.maintain)
@@ -240,12 +276,17 @@ def run(settings: ArchiveSettings, fd: int) -> None:
         archive.close()
 
 
-def _archive(archive: Archive, frames: bytes) -> None:
-    reader = FrameReader(frames)
-    rows = list(reader.rows())
-    if reader.problem is not None:  # only a bug gets here: the bytes come straight from the WAL
-        log.error("archiver: %s; the rest of this batch is skipped", reader.problem)
-    _guarded(lambda: archive.write(rows))
+def _archive(archive: Archive, frames: bytes, next_lsn: int | None) -> int | None:
+    """Archive ``frames`` (whole frames), the first record's LSN ``next_lsn`` unless a
+    position frame says otherwise; returns the LSN of the record that follows them."""
+    for first_lsn, part in positioned(frames, next_lsn):
+        reader = FrameReader(part)
+        rows = list(reader.rows())
+        if reader.problem is not None:  # only a bug gets here: the bytes come straight from the WAL
+            log.error("archiver: %s; the rest of this batch is skipped", reader.problem)
+        _guarded(functools.partial(archive.write, rows, first_lsn))
+        next_lsn = None if first_lsn is None or reader.problem is not None else first_lsn + len(rows)
+    return next_lsn
 
 
 def _guarded(step: Callable[[], None]) -> None:

@@ -105,9 +105,10 @@ class ReplicaSink(Protocol):
 class ArchiveSink(Protocol):
     """Where written frames go (``kapok.storage.archiver.ArchiveFeed``)."""
 
-    def feed(self, parts: list[bytes], count: int) -> None:
+    def feed(self, parts: list[bytes], count: int, first_lsn: int) -> None:
         """Take ``count`` frames exactly as written, in pieces (no copy is made to join
-        them: a burst's batch can be tens of MB); never blocks."""
+        them: a burst's batch can be tens of MB), their records consecutive from LSN
+        ``first_lsn``; never blocks."""
         ...
 
     async def drain(self) -> None:
@@ -216,6 +217,7 @@ class WriteAheadLog:
         self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kapok-wal-sync")
         self._archive_queue: list[bytes] = []  # frames written, not yet handed to the archive
         self._archive_bytes = 0
+        self._archive_lsn = self._archive_next_lsn = 0  # of the queue's first record, and past its last
         self._archive_timer: asyncio.TimerHandle | None = None
         self._background_jobs = 0  # fsyncs queued or running on the sync thread (under _file_lock)
         self._file_lock = threading.Lock()  # guards _file and _dirty between the two threads
@@ -492,13 +494,18 @@ class WriteAheadLog:
         await self._archive.drain()
 
     def _queue_for_archive(self, written: list[_Encoded]) -> None:
-        queue = self._archive_queue
         for batch in written:
+            if self._archive_queue and batch.first_lsn != self._archive_next_lsn:
+                self._submit_archive()  # a feed's records are consecutive (their LSNs follow)
+            queue = self._archive_queue
+            if not queue:
+                self._archive_lsn = batch.first_lsn
+            self._archive_next_lsn = batch.first_lsn + batch.count
             queue += (batch.header, batch.payload)
             self._archive_bytes += len(batch.header) + len(batch.payload)
         if self._archive_bytes >= ARCHIVE_BATCH_BYTES:
             self._submit_archive()
-        elif queue and self._archive_timer is None:
+        elif self._archive_queue and self._archive_timer is None:
             assert self._loop is not None
             self._archive_timer = self._loop.call_later(ARCHIVE_DELAY_S, self._submit_archive)
 
@@ -509,7 +516,7 @@ class WriteAheadLog:
             self._archive_timer = None
         if self._archive_queue and self._archive is not None:
             frames, self._archive_queue, self._archive_bytes = self._archive_queue, [], 0
-            self._archive.feed(frames, len(frames) // 2)
+            self._archive.feed(frames, len(frames) // 2, self._archive_lsn)
 
     async def _interval_syncer(self) -> None:
         while True:

@@ -36,7 +36,7 @@ class _Recorder:
         self.fed = b""
         self.drains = 0
 
-    def feed(self, parts: list[bytes], count: int) -> None:
+    def feed(self, parts: list[bytes], count: int, first_lsn: int) -> None:
         assert len(parts) == 2 * count  # a header and a payload per frame
         frames = b"".join(parts)
         reader = FrameReader(frames)
