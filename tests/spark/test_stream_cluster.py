@@ -1,6 +1,7 @@
 """Acceptance 3: a topic spread over two masters by ``kapok produce``, read as a Spark stream
-into the file sink; a kill -9 of one master mid-stream and its slave's takeover; the query
-goes on by itself, and every id is in the sink exactly once.
+into the file sink; a kill -9 of one master mid-stream and its slave's takeover, then the
+master's return and the give-back; the query goes on by itself, and every id is in the
+sink exactly once.
 
 Real ``kapok serve`` processes (m1 with its slave s1, and m2), a real local SparkSession.
 Counts are asserted; times are printed (``pytest -s``), never asserted.
@@ -23,27 +24,40 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from kapok.launch import NodeProcess, get_json, nodes_view, stop_all, wait_for
-from kapok.local_cluster import plan_cluster, start_plans
+from kapok.local_cluster import plan_cluster, start_planned, start_plans
 from kapok.testing.slow import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(420)]
 
 DEADLINE_S = scaled(60.0)
 TOPIC = "spread"
-FIRST, SECOND = 3000, 1000  # ids before the query starts, and once the slave took over
+FIRST, SECOND, THIRD = 3000, 1000, 1000  # ids before the query, after the takeover, after the give-back
+
+
+class Cluster:
+    """m1 with its slave s1 (sync replication), and m2 without one; m2 is the gossip seed,
+    so a restarted m1 finds the others."""
+
+    def __init__(self, base: Path) -> None:
+        plans = [plan for plan in plan_cluster(2, slaves=True) if plan.name != "s2"]
+        self.base, self.plans = base, sorted(plans, key=lambda plan: plan.name != "m2")
+        self.nodes = dict(zip([p.name for p in self.plans], start_plans(base, self.plans), strict=True))
+
+    def restart(self, name: str) -> NodeProcess:
+        """Start ``name`` again: same name, ports and data."""
+        [plan] = [p for p in self.plans if p.name == name]
+        self.nodes[name] = start_planned(self.base, plan, self.plans)
+        return self.nodes[name]
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[dict[str, NodeProcess]]:
-    """m1 with its slave s1 (sync replication), and m2 without one."""
-    plans = [plan for plan in plan_cluster(2, slaves=True) if plan.name != "s2"]
-    nodes = start_plans(tmp_path / "nodes", plans)
-    by_name = {plan.name: node for plan, node in zip(plans, nodes, strict=True)}
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    made = Cluster(tmp_path / "nodes")
     try:
-        wait_for(lambda: _paired(by_name["m1"]) and _all_seen(nodes), DEADLINE_S, 0.1)
-        yield by_name
+        wait_for(lambda: _paired(made.nodes["m1"]) and _all_seen(list(made.nodes.values())), DEADLINE_S, 0.1)
+        yield made
     finally:
-        stop_all(nodes)
+        stop_all(list(made.nodes.values()))
 
 
 def _paired(node: NodeProcess) -> bool:
@@ -94,10 +108,22 @@ def _batches_with(query: StreamingQuery, pair: str) -> list[float]:
     return ends
 
 
-def test_a_query_reads_both_masters_and_goes_on_through_a_takeover(
-    spark: SparkSession, cluster: dict[str, NodeProcess], tmp_path: Path
+def _active(node: NodeProcess) -> bool:
+    return (get_json(node.url, "/health") or {}).get("active") is True
+
+
+def _wait_sink(spark: SparkSession, query: StreamingQuery, out: Path, total: int) -> None:
+    deadline = time.monotonic() + scaled(180)
+    while len(seen := _ids(spark, out)) < total:
+        assert query.isActive and query.exception() is None, query.exception()
+        assert time.monotonic() < deadline, f"{len(seen)} of {total} in the sink"
+        time.sleep(0.5)
+
+
+def test_a_query_reads_both_masters_and_goes_on_through_a_takeover_and_the_give_back(
+    spark: SparkSession, cluster: Cluster, tmp_path: Path
 ) -> None:
-    m1, m2, s1 = cluster["m1"], cluster["m2"], cluster["s1"]
+    m1, m2, s1 = cluster.nodes["m1"], cluster.nodes["m2"], cluster.nodes["s1"]
     _produce([m1.url, m2.url], 0, FIRST)
     on_m1, on_m2 = _live(m1), _live(m2)
     assert on_m1 > 0 and on_m2 > 0 and on_m1 + on_m2 == FIRST  # spread over both masters
@@ -125,27 +151,34 @@ def test_a_query_reads_both_masters_and_goes_on_through_a_takeover(
         killed_at = time.time()
         m1.kill()
         assert before_kill < FIRST
-        wait_for(lambda: (get_json(s1.url, "/health") or {}).get("active") is True, DEADLINE_S, 0.05)
+        wait_for(lambda: _active(s1), DEADLINE_S, 0.05)
         taken_s = time.time() - killed_at
         _produce([m2.url, s1.url], FIRST, SECOND)  # more while the query runs, after the takeover
-        total = FIRST + SECOND
-        deadline = time.monotonic() + scaled(180)
-        while len(seen := _ids(spark, out)) < total:
-            assert query.isActive and query.exception() is None, query.exception()
-            assert time.monotonic() < deadline, f"{len(seen)} of {total} in the sink"
-            time.sleep(0.5)
+        _wait_sink(spark, query, out, FIRST + SECOND)
         after = [end for end in _batches_with(query, "m1") if end > killed_at]
         assert after, "no batch read m1's pair after the kill"
         went_on_s = after[0] - killed_at
+        # m1 comes back, catches up with s1 and takes its role back (the give-back).
+        m1 = cluster.restart("m1")
+        wait_for(lambda: _active(m1) and (get_json(s1.url, "/health") or {}).get("role") == "slave",
+                 DEADLINE_S, 0.1)  # fmt: skip
+        back_at = time.time()
+        _produce([m1.url, m2.url], FIRST + SECOND, THIRD)
+        total = FIRST + SECOND + THIRD
+        _wait_sink(spark, query, out, total)
+        assert [end for end in _batches_with(query, "m1") if end > back_at], (
+            "m1's pair not read after the give-back"
+        )
         # Every batch acked in the end: nothing in flight or ready on the active nodes.
-        wait_for(lambda: all(_group(n) == (0, 0) for n in (m2, s1)), DEADLINE_S, 0.1)
+        wait_for(lambda: all(_group(n) == (0, 0) for n in (m1, m2)), DEADLINE_S, 0.1)
         assert query.exception() is None
     finally:
         query.stop()
     counts = Counter(_ids(spark, out))
     duplicates = sum(n - 1 for n in counts.values() if n > 1)
     missing = [f"id{i}" for i in range(total) if f"id{i}" not in counts]
-    print(f"\nstream over m1 (+ slave s1) and m2: produced {total} (first {FIRST}: m1 {on_m1}, m2 {on_m2}), "
+    print(f"\nstream over m1 (+ slave s1) and m2: produced {total} (first {FIRST}: m1 {on_m1}, m2 {on_m2}; "
+          f"{SECOND} after the takeover, {THIRD} after the give-back), "
           f"{sum(counts.values())} rows in the sink, {duplicates} duplicates, {len(missing)} missing; "
           f"{before_kill} rows before the kill -9 of m1, s1 active {taken_s:.1f} s after it, "
           f"the query read m1's pair again {went_on_s:.1f} s after it")  # fmt: skip
