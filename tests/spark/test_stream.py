@@ -227,3 +227,46 @@ def test_a_bad_option_or_an_earliest_the_node_cannot_give_fails_with_one_line(
         )
         query.awaitTermination(QUERY_S)
         raise AssertionError(f"the query ended without an error: {query.exception()}")
+
+
+def test_an_ack_the_node_could_not_take_is_delivered_at_the_next_trigger(tmp_path: Path) -> None:
+    """The source's driver calls, no JVM: a batch read, its node restarted (the claim
+    survives), the batch replayed by a new reader (the same messages), the commit while
+    the node is down, and the ack delivered at the next ``latestOffset`` once it is back."""
+    from kapok.analytics.stream import KapokPartition, KapokStreamReader
+    from kapok.analytics.streamplan import StreamOptions
+
+    def launch(*sets: str) -> NodeProcess:
+        return start_node(tmp_path, f"storage.dir={tmp_path / 'data'}", "storage.fsync=never", *sets)
+
+    node = launch()
+    try:
+        port = node.url.rsplit(":", 1)[1]
+        sent = _publish(node, "s-acks", 0, 30)
+        options = StreamOptions.parse({"seeds": node.url, "topic": "s-acks", "timeoutSeconds": "0.5"})
+
+        def batch(reader: KapokStreamReader, start: dict[str, Any], end: dict[str, Any]) -> list[str]:
+            parts = reader.partitions(start, end)
+            assert [type(p) for p in parts] == [KapokPartition]  # one pair, one partition, no data in it
+            return [row[0] for part in parts for row in reader.read(part)]
+
+        reader = KapokStreamReader(options)
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, None)
+        assert end["seq"] == 1 and list(end["pairs"].values()) == [30]
+        codes = batch(reader, start, end)
+        assert sorted(codes) == sorted(sent)
+        node.stop()
+        node = launch(f"server.port={port}")
+        # The query restarted: a new reader replays the logged batch, and gets the same messages.
+        assert sorted(batch(KapokStreamReader(options), start, end)) == sorted(codes)
+        assert _group(node, "s-acks")["inflight"] == 30
+        node.stop()
+        reader.commit(end)  # the node is down: the ack waits
+        node = launch(f"server.port={port}")
+        assert _group(node, "s-acks")["inflight"] == 30
+        assert reader.latestOffset(end, None) == end  # nothing new, and the ack delivered
+        assert (_group(node, "s-acks")["inflight"], _group(node, "s-acks")["ready"]) == (0, 0)
+        assert {_status(node, code) for code in sent} == {"consumed"}
+    finally:
+        node.stop()
