@@ -81,6 +81,7 @@ SCHEMA: Final = (
     "attempts INT, headers MAP<STRING, STRING>"
 )
 VIEW_MAX_AGE_S: Final = 1.0  # the cluster view is asked again at a latestOffset older than this
+IDLE_POLL_S: Final = 0.1  # an idle stream asks the nodes at most this often
 RECENT_ACKS: Final = 32  # batches whose acks are sent again after a pair's takeover
 Row = tuple[Any, ...]
 
@@ -136,6 +137,7 @@ class KapokStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._unacked: dict[tuple[str, int, str], list[str]] = {}  # (id, seq, pair) -> claims
         self._recent: dict[str, list[str]] = {}  # pair -> claims acked lately, for a takeover
         self._leaders: dict[str, tuple[str, int]] = {}  # pair -> its active node, epoch
+        self._quiet: tuple[Offset, float] | None = None  # nothing ready at this offset until then
 
     # -- Spark's calls (driver) ---------------------------------------------------------
 
@@ -157,6 +159,9 @@ class KapokStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         want = self.options.max_per_batch
         if isinstance(limit, ReadMaxRows):
             want = min(want, max(limit.max_rows, 1))
+        quiet = self._quiet
+        if quiet is not None and quiet[0] == begin and time.monotonic() < quiet[1] and self._budget is None:
+            return begin.to_json()  # nothing was ready a moment ago (Spark asks every 10 ms)
         pairs = self._pairs(fresh=False)
         self._ack_batch(begin, pairs, patient=False)  # Spark committed ``start``
         self._retry_acks(pairs)
@@ -165,6 +170,7 @@ class KapokStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             ready = {name: min(n, self._budget.get(name, 0)) for name, n in ready.items()}
         shares = split_limit(want, ready)
         if not shares:
+            self._quiet = (begin, time.monotonic() + IDLE_POLL_S)
             return begin.to_json()
         if self._budget is not None:
             for name, n in shares.items():
