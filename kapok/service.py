@@ -262,14 +262,22 @@ class BrokerService:
         return new_code, self._settle()
 
     async def pull(
-        self, topic: str, group: str | None, max_n: int, lease_s: float, wait_s: float, claim: str = ""
+        self,
+        topic: str,
+        group: str | None,
+        max_n: int,
+        lease_s: float,
+        wait_s: float,
+        claim: str = "",
+        start: str = "",
     ) -> list[Entry]:
         """Lease up to ``max_n`` messages, waiting up to ``wait_s`` for the first to arrive;
-        under a ``claim`` still in flight, its entries at once (``Broker.pull``)."""
+        under a ``claim`` still in flight, its entries at once; ``start``: where a new group
+        begins (``Broker.pull``)."""
         self.check_active()
         give_up = self.now() + wait_s
         while True:
-            entries = self.broker.pull(topic, group, max_n, lease_s, self.now(), claim)
+            entries = self.broker.pull(topic, group, max_n, lease_s, self.now(), claim, start)
             self._settle()
             if entries or self.now() >= give_up:
                 return entries

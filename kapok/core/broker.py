@@ -50,6 +50,7 @@ from kapok.core.model import (
     Consumer,
     Draft,
     Entry,
+    GroupEntry,
     Message,
     Status,
     code_prefix,
@@ -160,14 +161,40 @@ class Broker:
             self._group(topic, DEFAULT_GROUP, durable=True, now=0.0, journal=journal)
         return topic
 
-    def _group(self, topic: Topic, name: str, *, durable: bool, now: float, journal: bool = True) -> Group:
+    def _group(
+        self, topic: Topic, name: str, *, durable: bool, now: float, journal: bool = True, start: str = ""
+    ) -> Group:
         group = topic.groups.get(name)
         if group is None:
             group = topic.groups[name] = Group(topic, name, durable)
             topic.groups_changed()
             if durable and journal and self.journal:
-                self._changes.append(ch.GroupCreated(topic.name, name, now))
+                self._changes.append(ch.GroupCreated(topic.name, name, now, start))
         return group
+
+    def backfill(self, group: Group, now: float | None) -> int:
+        """Give a group just made an entry for every live message of its topic (ready, or
+        delayed until ``deliver_at``), in publish order; returns how many. ``now`` None:
+        replayed (``kapok.core.replay``), entries ready, queued by ``resume``."""
+        topic = group.topic
+        name = group.name
+        added = 0
+        for msg in self.messages.values():
+            if msg.topic != topic.name or not msg.live or msg.entry(name) is not None:
+                continue
+            delayed = now is not None and msg.deliver_at > now
+            entry = GroupEntry(msg, group, Status.DELAYED if delayed else Status.READY)
+            msg.add_entry(entry)
+            added += 1
+            if now is None:
+                continue
+            if delayed:
+                topic.delayed_count += 1  # released with the message's other entries
+            else:
+                group.push_ready(entry)
+        if added:
+            self._dirty.add(group)
+        return added
 
     def _drop_group(self, group: Group, now: float) -> None:
         """Forget an anonymous subscriber's private group and its copies of messages."""
@@ -520,15 +547,22 @@ class Broker:
     # ------------------------------------------------------------ pull mode
 
     def pull(
-        self, topic_name: str, group_name: str | None, max_n: int, lease_s: float, now: float, claim: str = ""
+        self,
+        topic_name: str,
+        group_name: str | None,
+        max_n: int,
+        lease_s: float,
+        now: float,
+        claim: str = "",
+        start: str = "",
     ) -> list[Entry]:
         """Lease up to ``max_n`` ready messages of a durable group for ``lease_s`` seconds.
 
         Under a ``claim`` (``kapok.core.claims``) that still has entries in flight, the
         answer is those entries, their leases renewed, and nothing new is leased; else
-        the messages leased are put under the claim.
+        the messages leased are put under the claim. ``start``: see ``pull_group``.
         """
-        group = self.pull_group(topic_name, group_name, now)
+        group = self.pull_group(topic_name, group_name, now, start)
         if claim and group.claims is not None:
             held = group.claims.get(claim)
             if held is not None:
@@ -595,7 +629,10 @@ class Broker:
         if not claims.by_name:
             entry.group.claims = None
 
-    def pull_group(self, topic_name: str, group_name: str | None, now: float) -> Group:
+    def pull_group(self, topic_name: str, group_name: str | None, now: float, start: str = "") -> Group:
+        """The durable group a pull reads, made if new: with ``start`` ``changes.EARLIEST``,
+        made with every live message of the topic (``backfill``), else with none (it gets
+        what is published from now on). A group that exists is left as it is."""
         topic = self.topic(topic_name)
         if group_name is None:
             if DEFAULT_GROUP not in topic.groups:
@@ -604,6 +641,10 @@ class Broker:
         check_name("group", group_name)
         if group_name.startswith("~"):
             raise SubscriptionError("group names starting with '~' are reserved")
+        if start == ch.EARLIEST and group_name not in topic.groups:
+            group = self._group(topic, group_name, durable=True, now=now, start=ch.EARLIEST)
+            self.backfill(group, now)
+            return group
         return self._group(topic, group_name, durable=True, now=now)
 
     # ------------------------------------------------------------ console operations

@@ -16,6 +16,7 @@ from kapok.core.frozen import record
 
 __all__ = [
     "DELETED",
+    "EARLIEST",
     "EXPIRED",
     "REQUEUED",
     "Change",
@@ -34,6 +35,8 @@ __all__ = [
 REQUEUED = "requeued"
 DELETED = "deleted"
 EXPIRED = "expired"
+# GroupCreated's ``start`` when the group was made with every live message of its topic.
+EARLIEST = "earliest"
 
 
 @record
@@ -55,9 +58,14 @@ class Published:
 
 @record
 class GroupCreated:
+    """A durable group made. ``start``: ``EARLIEST`` when it was made with an entry for every
+    live message its topic held then (a pull's ``start=earliest``); "" when it gets only the
+    messages published after it (and in records written before the field existed)."""
+
     topic: str
     group: str
     at: float
+    start: str = ""
 
 
 @record

@@ -95,7 +95,9 @@ def apply(broker: Broker, record: ch.Change) -> None:
             for entry in deleted.all_entries():
                 broker.unclaim(entry)
     elif isinstance(record, ch.GroupCreated):
-        broker.restore_group(broker.restore_topic(record.topic), record.group, record.at)
+        group = broker.restore_group(broker.restore_topic(record.topic), record.group, record.at)
+        if record.start == ch.EARLIEST:  # idempotent: a message with an entry there already is skipped
+            broker.backfill(group, None)
     elif isinstance(record, ch.Deduped):
         broker.admission.dedup.add(record.topic, record.dedup_id, record.code, record.at)
     elif isinstance(record, ch.Checkpoint):

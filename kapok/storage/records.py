@@ -84,7 +84,9 @@ def frame(payload: bytes) -> bytes:
 
 # One row builder per type: explicit tuples are much cheaper than reflection.
 _ROWS: Final[dict[type[Any], Callable[[Any], tuple[Any, ...]]]] = {
-    ch.GroupCreated: lambda r: (2, r.topic, r.group, r.at),
+    ch.GroupCreated: lambda r: (
+        (2, r.topic, r.group, r.at, r.start) if r.start else (2, r.topic, r.group, r.at)
+    ),
     # A claimed delivery's row adds its claim and lease length; an unclaimed one keeps the
     # row records had before claims existed (the archive reads it as such).
     ch.Delivered: lambda r: (

@@ -164,3 +164,15 @@ async def test_a_restart_keeps_the_claim(start: Start, auth: dict[str, str], sto
         assert await http.ack("jobs", group="g", claim="q:b1:p0") == {"settled": 2, "unknown": []}
         rest = await http.codes("jobs", group="g", max=100, lease_s=60)
         assert sorted(rest) == sorted(plain + codes[3:])  # the unclaimed lease was requeued
+
+
+# ---------------------------------------------------------------- start=earliest
+
+
+async def test_start_earliest_gives_a_new_group_the_backlog(http: Http) -> None:
+    codes = await http.publish("s", 3)  # before the group exists
+    assert await http.codes("s", group="late", max=10) == []  # latest: the default
+    assert await http.codes("s", group="reader", max=10, start="earliest") == codes
+    assert await http.codes("s", group="reader", max=10, start="earliest") == []  # leased; exists
+    body = await http.call("GET", "/v1/topics/s/messages", 400, params={"group": "x", "start": "first"})
+    assert body["error"] == "bad_request"

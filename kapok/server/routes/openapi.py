@@ -279,6 +279,11 @@ def document(config: Config) -> dict[str, Any]:
                     ),
                     _query("lease_s", {"type": "number", "minimum": 0.001, "maximum": 86400}, "lease length"),
                     _query("claim", claim, "a name for the lease: fetches again what it holds in flight"),
+                    _query(
+                        "start",
+                        {"type": "string", "enum": ["latest", "earliest"]},
+                        "where a group this pull makes begins",
+                    ),
                 ],
                 security=bearer,
             ),

@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from kapok.core.broker import Settle
+from kapok.core.changes import EARLIEST
 from kapok.core.claims import check_claim
 from kapok.core.topics import Topic
 from kapok.errors import BadRequestError, NotFoundError
@@ -58,7 +59,9 @@ def _query_number(request: web.Request, name: str, default: float, lo: float, hi
 @routes.get("/v1/topics/{topic}/messages")
 async def pull(request: web.Request) -> web.Response:
     """Lease messages: ``group``, ``max`` (1-1000), ``wait`` (long-poll seconds), ``lease_s``,
-    ``claim`` (a name for the lease: ``kapok.core.claims``).
+    ``claim`` (a name for the lease: ``kapok.core.claims``), ``start`` (``earliest``: a group
+    this pull makes gets every live message of the topic; ``latest``, the default: only
+    what is published from now on).
 
     Leased messages must be acked by code (or by claim) before the lease ends, or they
     are delivered again (counting toward ``max_deliveries``). Under a claim that still
@@ -74,7 +77,10 @@ async def pull(request: web.Request) -> web.Response:
     claim = request.query.get("claim")
     if claim is not None:
         check_claim(claim)
-    entries = await service.pull(topic, group, max_n, lease_s, wait_s, claim or "")
+    start = request.query.get("start", "latest")
+    if start not in ("latest", EARLIEST):
+        raise BadRequestError("query parameter 'start' must be 'latest' or 'earliest'")
+    entries = await service.pull(topic, group, max_n, lease_s, wait_s, claim or "", start)
     if claim is not None and entries:
         # The lease must outlive a crash or a takeover before its reader sees it: a reader
         # that writes a batch and then acks its claim would otherwise get it again.
