@@ -372,9 +372,17 @@ def _analytics_options(command: argparse.ArgumentParser) -> None:
     )
     add(
         "--master",
-        default="local[*]",
-        help="Spark master: local[*] (default, embedded), spark://host:port, yarn …",
+        help="Spark master: local[*] (default, embedded; under spark-submit: its own), spark://host:port, "
+        "yarn …",
     )
+    add(
+        "--conf",
+        action="append",
+        type=_spark_conf,
+        metavar="KEY=VALUE",
+        help="a Spark setting, as spark-submit's --conf (repeatable): spark.executor.memory=4g …",
+    )
+    add("--full", action="store_true", help="recompute every day, not only those of new archive files")
     add("--since", type=_duration, metavar="AGE", help="only events of the last AGE: 90s, 30m, 12h, 7d, 2w")
     add(
         "--window",
@@ -383,6 +391,13 @@ def _analytics_options(command: argparse.ArgumentParser) -> None:
         help="the windows of the per-window tables (default hour: hourly/ and groups/)",
     )
     add("--watch", type=_seconds, metavar="SECONDS", help="run again every SECONDS until interrupted")
+
+
+def _spark_conf(text: str) -> str:
+    key, sep, _ = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"must be KEY=VALUE with a key, got {text!r}")
+    return text
 
 
 def _duration(text: str) -> float:

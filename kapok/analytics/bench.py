@@ -13,6 +13,13 @@ A benchmark, not a test: it prints figures and asserts nothing about speed.
 3. Prints the wall time, the tree's CPU seconds and peak RSS, the throughput and the
    machine's load average before the run (``--json`` for JSON): on a shared machine
    the wall time follows the load, the CPU seconds much less.
+
+``--incremental N`` then adds N new events (new files, in the last hour of the span) and
+runs the job again: an incremental run, which recomputes the last day only. ``--watch N``
+instead starts ``kapok analytics --watch`` (one session kept), waits for its first run,
+adds N new events and times them into figures: from the files written to the end of the
+run that read them. ``--events 0`` measures the fixed cost (an empty archive); the cost
+per million events is (CPU at N − the fixed cost) / N × 10⁶.
 """
 
 from __future__ import annotations
@@ -21,20 +28,22 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from kapok.jsonlines import dumps_lines
 
-__all__ = ["JobRun", "main", "run_job", "tree_usage", "write_archive"]
+__all__ = ["JobRun", "main", "run_job", "run_watch", "tree_usage", "write_archive"]
 
 FILE_BYTES: Final = 64 * 2**20
 SAMPLE_S: Final = 0.1
@@ -45,10 +54,12 @@ def _progress(text: str) -> None:
     print(f"bench: {text}", file=sys.stderr, flush=True)
 
 
-def _message_events(rng: random.Random, i: int, topics: int, span_s: float) -> list[dict[str, Any]]:
+def _message_events(
+    rng: random.Random, i: int, topics: int, span_s: float, start: float = START
+) -> list[dict[str, Any]]:
     topic = f"topic-{i % topics}"
-    code = f"{i:032x}"
-    t = START + rng.random() * span_s
+    code = f"{int(start):08x}{i:024x}"
+    t = start + rng.random() * span_s
     base = {"code": code, "topic": topic, "group": "default"}
     events: list[dict[str, Any]] = [
         {"ev": "published", "code": code, "topic": topic, "t": t, "create_time": t, "deliver_at": t,
@@ -68,8 +79,18 @@ def _message_events(rng: random.Random, i: int, topics: int, span_s: float) -> l
     return events
 
 
-def write_archive(archive: Path, events: int, *, topics: int = 20, days: float = 7.0, seed: int = 15) -> int:
-    """Write ``events`` events into ``archive``; returns the bytes written."""
+def write_archive(
+    archive: Path,
+    events: int,
+    *,
+    topics: int = 20,
+    days: float = 7.0,
+    seed: int = 15,
+    start: float = START,
+    name: str = "20260101T000000",
+) -> int:
+    """Write ``events`` events over ``days`` from ``start`` into ``archive`` (files
+    ``archive-<name>-<n>.jsonl``); returns the bytes written."""
     archive.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     written = total = file_no = 0
@@ -79,14 +100,14 @@ def write_archive(archive: Path, events: int, *, topics: int = 20, days: float =
         while written < events:
             chunk: list[dict[str, Any]] = []
             while written + len(chunk) < events and len(chunk) < 50_000:
-                chunk.extend(_message_events(rng, i, topics, days * 86400.0))
+                chunk.extend(_message_events(rng, i, topics, days * 86400.0, start))
                 i += 1
             chunk = chunk[: events - written]  # exactly ``events``: the last message may be cut short
             data = dumps_lines(chunk, "ev") + b"\n"
             if out is None or out.tell() + len(data) > FILE_BYTES:
                 if out is not None:
                     out.close()
-                out = (archive / f"archive-20260101T000000-{file_no}.jsonl").open("wb")
+                out = (archive / f"archive-{name}-{file_no}.jsonl").open("wb")
                 file_no += 1
             out.write(data)
             written += len(chunk)
@@ -133,29 +154,94 @@ class JobRun:
     cpu_s: float  # of the whole tree, as last sampled (a lower bound: the last 0.1 s is missed)
 
 
-def run_job(store: Path, output: Path, master: str) -> JobRun:
+def _command(store: Path, output: Path, master: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "kapok", "analytics", "--input", str(store), "--output", str(output),
+            "--master", master, *extra]  # fmt: skip
+
+
+class _Sampler:
+    """The peak RSS and the CPU seconds of a process tree, sampled every ``SAMPLE_S``."""
+
+    def __init__(self, root: int) -> None:
+        self.root, self.peak, self.cpu = root, 0, 0.0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(SAMPLE_S):
+            rss, used = tree_usage(self.root)
+            self.peak, self.cpu = max(self.peak, rss), max(self.cpu, used)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+def run_job(store: Path, output: Path, master: str, *extra: str) -> JobRun:
     """Run ``kapok analytics`` on ``store`` as a child process, sampling its process tree."""
-    args = [sys.executable, "-m", "kapok", "analytics", "--input", str(store), "--output", str(output)]
     started = time.monotonic()
-    child = subprocess.Popen([*args, "--master", master], stderr=subprocess.PIPE, text=True)
-    peak, cpu = 0, 0.0
-    done = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak, cpu
-        while not done.wait(SAMPLE_S):
-            rss, used = tree_usage(child.pid)
-            peak, cpu = max(peak, rss), max(cpu, used)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
+    child = subprocess.Popen(_command(store, output, master, *extra), stderr=subprocess.PIPE, text=True)
+    sampler = _Sampler(child.pid)
     _, err = child.communicate()
     took = time.monotonic() - started
-    done.set()
-    sampler.join()
+    sampler.stop()
     if child.returncode != 0:
         raise SystemExit(f"bench: kapok analytics failed ({child.returncode}):\n{err}")
-    return JobRun(took, peak, cpu)
+    return JobRun(took, sampler.peak, sampler.cpu)
+
+
+def run_watch(store: Path, output: Path, master: str, add: Callable[[], int], *extra: str) -> JobRun:
+    """``kapok analytics --watch``: after its first run, ``add()`` new events (it returns the
+    number of new files); the time and CPU from then to the end of the run(s) that read them
+    all (the session kept between)."""
+    child = subprocess.Popen(
+        _command(store, output, master, "--watch", "0.5", *extra),
+        stderr=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+    )
+    assert child.stderr is not None
+    sampler = _Sampler(child.pid)
+    try:
+        for line in child.stderr:  # the first run
+            if line.startswith("kapok analytics: next run in"):
+                break
+        else:
+            raise SystemExit(f"bench: kapok analytics --watch ended ({child.wait()})")
+        cpu_before = sampler.cpu
+        started = time.monotonic()
+        files, seen = add(), 0
+        for line in child.stderr:
+            if found := re.search(r"an incremental run: (\d+) new", line):
+                seen += int(found[1])
+            if "→" in line and seen >= files:  # the run that read the last of them
+                break
+        else:
+            raise SystemExit(f"bench: kapok analytics --watch ended ({child.wait()})")
+        took = time.monotonic() - started
+        time.sleep(2 * SAMPLE_S)  # one more sample of the tree
+        return JobRun(took, sampler.peak, sampler.cpu - cpu_before)
+    finally:
+        child.send_signal(signal.SIGINT)
+        try:
+            child.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        sampler.stop()
+
+
+def _figures(name: str, events: int, job: JobRun, load: float) -> dict[str, Any]:
+    return {
+        "run": name,
+        "events": events,
+        "job_s": round(job.wall_s, 2),
+        "events_per_s": round(events / job.wall_s),
+        "cpu_s": round(job.cpu_s, 1),
+        "peak_rss_mib": round(job.peak_rss_bytes / 2**20),
+        "load_avg_1m": round(load, 2),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -169,36 +255,66 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--dir", type=Path, help="storage dir for the archive (default: a temporary one, removed)"
     )
+    more = parser.add_mutually_exclusive_group()
+    more.add_argument("--incremental", type=int, metavar="N", help="then N new events: an incremental run")
+    more.add_argument(
+        "--watch",
+        type=int,
+        metavar="N",
+        help="instead: --watch (one session), then N new events into figures",
+    )
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = parser.parse_args(argv)
+    extra = [arg for item in args.conf for arg in ("--conf", item)]
     workdir = args.dir or Path(tempfile.mkdtemp(prefix="kapok-analytics-bench-"))
+    store, output = workdir, workdir / "analytics"
+    span_end = START + args.days * 86400.0
+
+    def add_new(n: int) -> int:  # new files of the span's last hour, each whole at once; how many
+        staging = workdir / "staging"
+        write_archive(staging, n, topics=args.topics, days=1 / 24, seed=16,
+                      start=span_end - 3600, name="20991231T000000")  # fmt: skip
+        files = sorted(staging.glob("*.jsonl"))
+        for path in files:
+            os.replace(path, store / "archive" / path.name)
+        return len(files)
+
+    runs: list[dict[str, Any]] = []
     try:
         _progress(f"writing {args.events:,} events into {workdir / 'archive'}")
         started = time.monotonic()
         size = write_archive(workdir / "archive", args.events, topics=args.topics, days=args.days)
         generated = time.monotonic() - started
         _progress(f"{size / 2**20:.1f} MiB in {generated:.1f} s; running kapok analytics")
-        load_before = os.getloadavg()[0]
-        job = run_job(workdir, workdir / "analytics", args.master)
+        if args.watch is not None:
+            load = os.getloadavg()[0]
+            job = run_watch(store, output, args.master, lambda: add_new(args.watch), *extra)
+            runs.append(_figures("watch", args.watch, job, load))
+        else:
+            load = os.getloadavg()[0]
+            runs.append(_figures("full", args.events, run_job(store, output, args.master, *extra), load))
+            if args.incremental is not None:
+                add_new(args.incremental)
+                load = os.getloadavg()[0]
+                job = run_job(store, output, args.master, *extra)
+                runs.append(_figures("incremental", args.incremental, job, load))
     finally:
         if args.dir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    figures = {
-        "events": args.events,
+    common = {
         "input_mib": round(size / 2**20, 1),
-        "job_s": round(job.wall_s, 2),
-        "events_per_s": round(args.events / job.wall_s),
-        "cpu_s": round(job.cpu_s, 1),
-        "peak_rss_mib": round(job.peak_rss_bytes / 2**20),
-        "load_avg_1m": round(load_before, 2),
         "master": args.master,
         "cpus": os.cpu_count(),
+        "conf": args.conf,
     }
     if args.json:
-        print(json.dumps(figures))
+        print(json.dumps([{**run, **common} for run in runs]))
     else:
-        width = max(map(len, figures))
-        print("\n".join(f"{name:<{width}}  {value}" for name, value in figures.items()))
+        for run in runs:
+            figures = {**run, **common}
+            width = max(map(len, figures))
+            print("\n".join(f"{name:<{width}}  {value}" for name, value in figures.items()), end="\n\n")
     return 0
 
 

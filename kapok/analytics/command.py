@@ -10,6 +10,7 @@ and the next one tried, so the console keeps the last good ``summary.json``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -37,7 +38,7 @@ def run_command(args: argparse.Namespace) -> int:
     inputs = resolve_inputs(args.input)
     output: str = args.output or default_output(inputs)
     require_runtime()
-    session, owned = _session(args.master)
+    session, owned = _session(args.master, conf_pairs(args.conf or []))
     try:
         run = 0
         while True:
@@ -57,18 +58,52 @@ def run_command(args: argparse.Namespace) -> int:
             session.stop()
 
 
-def _session(master: str) -> tuple[SparkSession, bool]:
-    """The process's running session (a caller that embeds the job), else a new one we own."""
+def conf_pairs(items: list[str]) -> dict[str, str]:
+    """``--conf key=value`` items as settings (``ValueError`` for one without a key or ``=``)."""
+    conf: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--conf takes key=value, got {item!r}")
+        conf[key.strip()] = value
+    return conf
+
+
+def _session(master: str | None, conf: dict[str, str]) -> tuple[SparkSession, bool]:
+    """The process's running session (a caller that embeds the job), else a new one we own.
+
+    Without ``--master``, the master is spark-submit's when it started this process, else
+    ``local[*]``.
+    """
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None:
         return active, False
-    progress(f"starting Spark ({master})")
-    return build_session(master), True
+    if master is None and not submitted():
+        master = "local[*]"
+    progress(f"starting Spark ({master or 'as spark-submit set it'})")
+    return build_session(master, conf=conf), True
+
+
+def submitted() -> bool:
+    """Whether spark-submit started this process (its JVM is already there)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def input_names(specs: list[str]) -> list[str]:
+    """The ``--input`` set as the ledger compares it: local names absolute, in order."""
+    return sorted(
+        {spec if "://" in spec and not spec.startswith("file:") else _absolute(spec) for spec in specs}
+    )
+
+
+def _absolute(spec: str) -> str:
+    return os.path.abspath(os.path.expanduser(spec.removeprefix("file://")))
 
 
 def _run_once(session: SparkSession, args: argparse.Namespace, output: str) -> None:
+    from kapok.analytics.incremental import run_incremental
     from kapok.analytics.job import run_job
 
     inputs = resolve_inputs(args.input)
@@ -77,12 +112,25 @@ def _run_once(session: SparkSession, args: argparse.Namespace, output: str) -> N
     local = f"{inputs.local_files} files, {inputs.local_bytes / 2**20:.1f} MiB"
     remote = len(inputs.sources) - inputs.local_files
     progress(f"reading {local}" + (f" and {remote} other inputs" if remote else ""))
-    since_t = None if args.since is None else now - args.since
-    window = getattr(args, "window", None) or "hour"
-    result = run_job(
-        session, inputs.sources, output, since_t=since_t, now=now, progress=progress, window=window
-    )
+    if args.since is None:  # an incremental run, or a full one (the ledger says which)
+        settings = {"window": args.window, "inputs": input_names(args.input)}
+        full = bool(args.full)
+        result = run_incremental(
+            session, inputs.sources, output, settings=settings, full=full, now=now, progress=progress
+        )
+    else:  # a window: its days recomputed from everything read; the ledger is left as it is
+        result = run_job(
+            session,
+            inputs.sources,
+            output,
+            since_t=now - args.since,
+            now=now,
+            progress=progress,
+            window=args.window,
+        )
     took = time.monotonic() - started
+    if result is None:  # nothing new
+        return
     progress(
         f"{result.topics} topics, {result.topic_hours} topic-hours → {output} "
         f"(summary.json, hourly/, daily/) in {took:.1f} s"

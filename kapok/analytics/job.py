@@ -35,7 +35,7 @@ import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,8 @@ class JobResult:
     topic_hours: int
     summary: dict[str, Any]
     kept_days: tuple[str, ...] = ()  # recomputed days left as written: the archive lost some events
+    # per file read (as Spark names it): its first and last event time, None without events
+    file_times: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
 
 
 def run_job(
@@ -79,13 +81,18 @@ def run_job(
     output: str,
     *,
     since_t: float | None = None,
+    days: Sequence[str] | None = None,
     now: float,
     progress: Callable[[str], None] = lambda text: None,
     window: str = "hour",
 ) -> JobResult:
-    """Run the job over ``sources`` (files, directories, globs or URIs) into ``output``."""
+    """Run the job over ``sources`` (files, directories, globs or URIs) into ``output``.
+
+    ``days`` (``YYYY-MM-DD``, UTC): only those days are counted and written (an incremental
+    run's); every event read still counts in the messages' lives (backlog, latencies).
+    """
     try:
-        return _run(spark, sources, output, since_t, now, progress, window)
+        return _run(spark, sources, output, since_t, now, progress, days, window)
     except (PySparkException, Py4JError) as exc:
         raise AnalyticsError(f"the Spark job failed: {_spark_error_line(exc)}") from exc
 
@@ -97,6 +104,7 @@ def _run(
     since_t: float | None,
     now: float,
     progress: Callable[[str], None],
+    days: Sequence[str] | None = None,
     window: str = "hour",
 ) -> JobResult:
     rows = (
@@ -114,8 +122,20 @@ def _run(
         return frame
 
     try:
-        totals = rows.agg(*tf.line_metrics(since_t)).first()  # parses only ``ev`` and ``t``
-        assert totals is not None
+        # Per file (parses only ``ev`` and ``t``): its first and last event time, for the
+        # input ledger of incremental runs, at no extra pass.
+        is_event = F.col("ev").isNotNull() & F.col("t").isNotNull()
+        per_file = (
+            rows.groupBy(F.input_file_name().alias("file"))
+            .agg(
+                *tf.line_metrics(since_t),
+                F.min(F.when(is_event, F.col("t"))).alias("first_t"),
+                F.max(F.when(is_event, F.col("t"))).alias("last_t"),
+            )
+            .collect()
+        )
+        file_times = {str(r["file"]): (r["first_t"], r["last_t"]) for r in per_file}
+        totals = {name: sum(int(r[name]) for r in per_file) for name in ("skipped", "events", "all_events")}
         skipped, count = int(totals["skipped"]), int(totals["events"])
         if skipped and not totals["all_events"]:
             raise AnalyticsError(f"not an archive: none of the {skipped} lines read is a lifecycle event")
@@ -128,8 +148,12 @@ def _run(
             + (f" ({repeated:,} more lines repeated them: counted once)" if repeated else "")
             + (f" ({skipped:,} torn or foreign lines skipped)" if skipped else "")
         )
+        lives = events  # every event read: a message's life may span days (backlog, latencies)
+        if days is not None:  # an incremental run: only these days are counted and written
+            day = F.date_from_unix_date(F.floor(F.col("t") / DAY_S).cast("int")).cast("string")
+            events = events.where(day.isin(list(days)))
         # One shuffle by code: each message's life per group (durations, backlog).
-        msgs = cache(lc.messages(events))
+        msgs = cache(lc.messages(lives))
         entries = cache(lc.entries(msgs, lc.group_starts(msgs)))
         percentiles = cache(tf.duration_stats(lc.durations(entries, msgs, tf.WINDOWS[window], since_t)))
         grouped = cache(tf.group_counts(tf.events_since(events, since_t), window))
@@ -172,7 +196,7 @@ def _run(
     generated_at = datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
     summary = tf.summary(topic_rows, day_rows, generated_at, group_rows, window)
     write_text(spark, _join(output, SUMMARY_FILE), orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
-    return JobResult(output, count, skipped, len(topic_rows), topic_hours, summary, tuple(kept))
+    return JobResult(output, count, skipped, len(topic_rows), topic_hours, summary, tuple(kept), file_times)
 
 
 def _last_windows(groups: DataFrame, window: str) -> DataFrame:

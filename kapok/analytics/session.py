@@ -53,9 +53,9 @@ def require_runtime() -> None:
         raise AnalyticsError(f"Spark needs Java, and there is none ({where}): {JAVA_HINT}")
 
 
-def local_conf(master: str) -> dict[str, str]:
+def local_conf(master: str | None) -> dict[str, str]:
     """The settings of a ``local[…]`` session (none for a cluster's master)."""
-    if not master.startswith("local"):
+    if master is None or not master.startswith("local"):
         return {}
     cores = os.cpu_count() or 2
     return {
@@ -68,18 +68,25 @@ def local_conf(master: str) -> dict[str, str]:
 
 
 def build_session(
-    master: str = "local[*]", *, conf: Mapping[str, str] | None = None, app_name: str = APP_NAME
+    master: str | None = "local[*]", *, conf: Mapping[str, str] | None = None, app_name: str = APP_NAME
 ) -> SparkSession:
-    """A new session (or the running one: Spark keeps one per process) on ``master``."""
+    """A new session (or the running one: Spark keeps one per process) on ``master``.
+
+    ``master`` None: the one spark-submit set. ``conf`` (``--conf``) comes last: a caller's
+    setting wins over every default here.
+    """
     require_runtime()
-    if master.startswith("local"):
+    local = master is not None and master.startswith("local")
+    if local:
         # The JVM and the Python workers read these at start; a caller's own choice stays.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.master(master).appName(app_name)
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
     settings = {
         "spark.sql.session.timeZone": "UTC",
         # Parquet timestamps as INT64 microseconds adjusted to UTC, not the legacy INT96.
@@ -88,7 +95,7 @@ def build_session(
         **local_conf(master),
         **(conf or {}),
     }
-    if master.startswith("local"):
+    if local:
         # Errors only from Spark's loggers (the driver is this machine's JVM; on a cluster
         # the cluster's own log settings rule). Other JVM options a caller gives are kept.
         log_option = f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}"

@@ -143,3 +143,42 @@ def test_no_java_is_one_line_and_exit_1(
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
     assert main(["analytics", "--input", str(store)]) == 1
     assert "JAVA_HOME has no bin/java" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pyspark") is None, reason="needs the analytics extra")
+def test_spark_settings_are_key_value_pairs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kapok.analytics import command
+
+    assert command.conf_pairs(["spark.executor.memory=4g", "spark.a= x=y ", "spark.b="]) == {
+        "spark.executor.memory": "4g",
+        "spark.a": " x=y ",  # the value as given: only the key is trimmed
+        "spark.b": "",
+    }
+    for bad in ("spark.executor.memory", "=4g", " =4g"):
+        with pytest.raises(ValueError, match="key=value"):
+            command.conf_pairs([bad])
+        assert main(["analytics", "--input", str(tmp_path), "--conf", bad]) == 2
+        assert "must be KEY=VALUE" in capsys.readouterr().err
+    # What --conf gives reaches the session; without --master, spark-submit's master or local[*].
+    seen: list[tuple[str | None, dict[str, str]]] = []
+    monkeypatch.setattr(command, "build_session", lambda master, conf: seen.append((master, conf)))
+    monkeypatch.setattr("pyspark.sql.SparkSession.getActiveSession", lambda: None)
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    command._session(None, {"spark.executor.memory": "4g"})
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")
+    command._session(None, {})
+    command._session("yarn", {})
+    assert seen == [("local[*]", {"spark.executor.memory": "4g"}), (None, {}), ("yarn", {})]
+
+
+def test_the_ledger_compares_the_set_of_inputs_by_absolute_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kapok.analytics.command import input_names
+
+    monkeypatch.chdir(tmp_path)
+    assert input_names(["b", "hdfs://nn/data", f"file://{tmp_path}/a", "b"]) == sorted(
+        [str(tmp_path / "b"), "hdfs://nn/data", str(tmp_path / "a")]
+    )
