@@ -102,12 +102,18 @@ class NodeClient:
             raise KapokError("its cluster view is not a list of members (is this a Kapok node?)")
         return body
 
-    def pull(self, topic: str, group: str, count: int, lease_s: float, claim: str) -> list[dict[str, Any]]:
+    def pull(
+        self, topic: str, group: str, count: int, lease_s: float, claim: str, start: str = "latest"
+    ) -> list[dict[str, Any]]:
         """Lease up to ``count`` (≤ ``MAX_PULL``) ready messages under ``claim`` without
-        waiting; when entries are in flight under ``claim`` already, exactly those."""
+        waiting; when entries are in flight under ``claim`` already, exactly those. A group
+        this pull makes begins at ``start``: ``latest`` (what comes after) or ``earliest``
+        (every live message of the topic)."""
         params: dict[str, Any] = {
             "group": group, "max": min(count, MAX_PULL), "wait": 0, "lease_s": lease_s, "claim": claim,
         }  # fmt: skip
+        if start != "latest":
+            params["start"] = start
         _, body = self._request("GET", f"/v1/topics/{quote(topic, safe='')}/messages?{urlencode(params)}")
         if body.get("claim") != claim:  # a node that predates claims would lease anew each time
             raise AnalyticsError(

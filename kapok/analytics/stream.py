@@ -47,11 +47,10 @@ in batches of ``maxMessagesPerBatch``, then stops.
 Options: ``seeds`` (comma-separated URLs of any nodes; ``url`` is one seed), ``topic``
 (required), ``group`` (default ``default``, the group of a p2p topic's plain consumers),
 ``startingPosition`` (``latest``: a group the nodes do not have yet is created by the
-query and gets what is published after; ``earliest`` is refused for such a group, which
-the nodes cannot start at the earliest message; a group that exists reads on from where
-it is, either way), ``key`` (the secret key, default ``test``),
-``maxMessagesPerBatch`` (1000), ``leaseSeconds`` (600), ``timeoutSeconds`` (30, per HTTP
-request).
+query and gets what is published after; ``earliest``: it gets every message the topic
+still holds; a group that exists reads on from where it is, either way), ``key`` (the
+secret key, default ``test``), ``maxMessagesPerBatch`` (1000), ``leaseSeconds`` (600),
+``timeoutSeconds`` (30, per HTTP request).
 """
 
 from __future__ import annotations
@@ -114,7 +113,7 @@ def fetch(options: StreamOptions, part: KapokPartition) -> list[Row]:
     def pull(node: NodeClient) -> list[Row]:
         rows: list[Row] = []
         for claim, count in part.claims:
-            messages = node.pull(options.topic, options.group, count, options.lease_s, claim)
+            messages = node.pull(options.topic, options.group, count, options.lease_s, claim, options.start)
             rows.extend(message_row(m) for m in messages)
         return rows
 
@@ -236,9 +235,9 @@ class KapokStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _ready_counts(self, pairs: dict[str, Pair]) -> dict[str, int]:
         """Each pair's ready messages for the group (none for a pair that cannot say now).
-        A group a node does not have yet is created there: it gets what comes after
-        (``latest``). Nodes cannot start a new group at the earliest message the topic
-        holds, so ``earliest`` fails then, with one line."""
+        A group a node does not have yet is created there at once for ``latest`` (it gets
+        what comes after); for ``earliest`` it counts as every live message of the topic,
+        and the batch's first pull makes it so (``start=earliest``)."""
         out = {}
         opts = self.options
         for name, pair in pairs.items():
@@ -248,20 +247,14 @@ class KapokStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             try:
                 with NodeClient(url, opts.key, opts.timeout_s) as node:
                     ready, live = node.topic_counts(opts.topic, opts.group)
-                    if ready is None and (opts.start == "latest" or live == 0):
+                    if ready is None and opts.start == "latest":
                         node.release(opts.topic, opts.group, 1)
                         ready, live = node.topic_counts(opts.topic, opts.group)
             except KapokError as exc:
                 log.info("kapok source: pair %s cannot say what it has ready now (%s)", name, exc)
                 self._viewed_at = None  # ask the view again next time
                 continue
-            if ready is None:
-                raise AnalyticsError(
-                    f"the kapok source: startingPosition=earliest is not supported by this node ({url}): it "
-                    f"cannot start the new group {opts.group!r} at the earliest message of {opts.topic!r}; "
-                    "use latest, or create the group first (a pull creates it)"
-                )
-            out[name] = ready
+            out[name] = live if ready is None else ready
         return out
 
     def _ack_batch(self, offset: Offset, pairs: dict[str, Pair], *, patient: bool) -> None:

@@ -197,6 +197,29 @@ def test_a_new_named_group_is_created_by_its_first_read_and_gets_what_comes_afte
     assert not set(before) & set(after)
 
 
+def test_earliest_gives_a_new_group_what_the_topic_holds_latest_what_comes_after(
+    spark: SparkSession, node: NodeProcess
+) -> None:
+    held = _publish(node, "s-start", 0, 40)
+
+    def run(name: str, group: str, position: str) -> list[str]:
+        query = (
+            spark.readStream.format("kapok").option("seeds", node.url).option("topic", "s-start")
+            .option("group", group).option("startingPosition", position).load()
+            .writeStream.format("memory").queryName(name).trigger(availableNow=True).start()
+        )  # fmt: skip
+        query.awaitTermination(QUERY_S)
+        assert query.exception() is None
+        return sorted(r["code"] for r in spark.sql(f"SELECT code FROM {name}").collect())
+
+    assert run("s_start_early", "early", "earliest") == sorted(held)
+    assert run("s_start_late", "late", "latest") == []
+    after = _publish(node, "s-start", 40, 10)
+    # Groups that exist read on from where they are, whatever the option says.
+    assert run("s_start_early_again", "early", "earliest") == sorted(after)
+    assert run("s_start_late_again", "late", "earliest") == sorted(after)
+
+
 @pytest.mark.parametrize(
     ("options", "says"),
     [
@@ -204,13 +227,10 @@ def test_a_new_named_group_is_created_by_its_first_read_and_gets_what_comes_afte
             {"maxMessagePerBatch": "5"},
             "unknown option maxmessageperbatch (did you mean maxMessagesPerBatch?)",
         ),
-        (
-            {"group": "fresh", "startingPosition": "earliest"},
-            "startingPosition=earliest is not supported by this node",
-        ),
+        ({"startingPosition": "first"}, "startingPosition is latest or earliest, got 'first'"),
     ],
 )
-def test_a_bad_option_or_an_earliest_the_node_cannot_give_fails_with_one_line(
+def test_a_bad_option_fails_the_query_with_one_line(
     spark: SparkSession, node: NodeProcess, options: dict[str, str], says: str
 ) -> None:
     _publish(node, "s-options", 0, 5)
