@@ -22,10 +22,11 @@ archive's retention). A recomputed day whose written partition holds more than t
 archive still does (an earlier hour, or more counted events) is kept as it was
 (``JobResult.kept_days``). Timestamps are written as Parquet INT64 microseconds.
 
-The input is not cached: each of the three passes over it (line totals, counts,
-latencies) parses only the fields it needs, which costs less than caching every
-field of every line. (An observation of the line totals during the counts' pass saves
-a pass, but Spark reports nothing for it when no line is an event.) The aggregates
+The input is read twice: the line totals parse only ``ev`` and ``t``; then each event
+once (``kapok.analytics.unique``: every node's archive may be given, one archive twice,
+and one shuffle drops the repeats) is cached, and the later passes read the cache. (An
+observation of the line totals during another pass saves a pass, but Spark reports
+nothing for it when no line is an event.) The aggregates
 are small (a row per topic and hour) and are cached, as each feeds several outputs.
 """
 
