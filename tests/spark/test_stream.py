@@ -6,8 +6,10 @@ Python workers reach the node over HTTP on 127.0.0.1, as they would on a cluster
 
 from __future__ import annotations
 
+import http.server
 import json
 import re
+import threading
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
@@ -290,3 +292,64 @@ def test_an_ack_the_node_could_not_take_is_delivered_at_the_next_trigger(tmp_pat
         assert {_status(node, code) for code in sent} == {"consumed"}
     finally:
         node.stop()
+
+
+class _FakePair(http.server.BaseHTTPRequestHandler):
+    """A pair's nodes as one scripted server: its view (``server.rows``), an empty group,
+    and the acks it gets (``server.acks``)."""
+
+    def do_GET(self) -> None:
+        server: Any = self.server
+        if self.path == "/cluster/nodes":
+            self._send(server.rows)
+        else:
+            self._send({"live": 0, "groups": [{"name": "default", "ready": 0}]})
+
+    def do_POST(self) -> None:
+        server: Any = self.server
+        server.acks.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self._send({"settled": 0, "unknown": []})
+
+    def _send(self, body: Any) -> None:
+        raw = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_after_a_takeover_the_recent_acks_are_sent_to_the_new_active_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An ack the old master took just before its kill -9 may not have reached its slave
+    (async replication): the driver sends the pair's recent acks again to the new one."""
+    from kapok.analytics import stream
+    from kapok.analytics.streamplan import StreamOptions
+
+    monkeypatch.setattr(stream, "VIEW_MAX_AGE_S", 0.0)  # the view asked at every call
+    monkeypatch.setattr(stream, "IDLE_POLL_S", 0.0)
+    server: Any = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakePair)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    row = {"http_url": url, "state": "alive", "pair_id": "m1", "active": True}
+    server.rows, server.acks = [{**row, "name": "m1", "role": "master", "epoch": 1}], []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        reader = stream.KapokStreamReader(StreamOptions.parse({"seeds": url, "topic": "t"}))
+        start = reader.initialOffset()
+        assert reader.latestOffset(start, None) == start  # nothing ready
+        end = {**start, "seq": 1, "pairs": {"m1": 10}}
+        reader.commit(end)
+        claim = f"{start['id']}.1.0"
+        assert server.acks == [{"group": "default", "claim": claim}]
+        assert reader.latestOffset(end, None) == end and len(server.acks) == 1  # same leader: no re-ack
+        server.rows = [{**row, "name": "s1", "role": "master", "epoch": 2}]  # s1 took over
+        assert reader.latestOffset(end, None) == end
+        assert server.acks == [{"group": "default", "claim": claim}] * 2
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
