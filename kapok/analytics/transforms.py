@@ -32,7 +32,35 @@ Rules, each in one function below:
   counts two acks). A dead letter is also published to ``<topic>.dlq``, which is a
   topic of its own.
 
-Hours are ``timestamp`` instants (independent of the session's time zone); days
+* Windows (``--window``) are a minute, an hour (default) or a day: UTC, of fixed length
+  (``WINDOWS``); the windows table's time column is ``window_column(window)``. "Hour" above
+  reads "window".
+
+Per entry (a message in one group; ``kapok.analytics.lifecycle``), from the one shuffle by
+code that gathers a message's ``published``, ``deleted`` and events naming a group:
+
+* An entry exists in each group the message has an event in, and in each other group of
+  its topic whose first event is not later than the message's creation (a ``published``
+  event names no group: a durable group gets what is published while it exists; groups
+  that get part of a topic are overcounted as ready).
+* Its events, sorted by (``t``, attempt: a delivery before the requeue of its attempt, that
+  requeue before the next delivery, ends last), walk a state machine: ready from its due
+  time (creation + delay), in flight at each ``delivered`` (also when already in flight:
+  old archives), ready at each ``retried``, gone at its first end (``acked``,
+  ``dead_lettered``, ``expired``, ``requeued``, ``dropped``) or its message's ``deleted``.
+  Without its ``published`` event it is known from its first event on.
+* Backlog per topic × group at a window's end E: ``ready`` and ``in_flight`` are running
+  sums of the state changes before E (from the input's first event); the oldest unacked
+  age is E − the due time of the oldest entry unacked at E (became ready or in flight
+  before E, gone at or after E, or never). A row per window with an event of the group, a
+  state change, or an entry unacked across the window's end.
+* Durations in ms: queue wait = first delivery − due time (window of the delivery);
+  processing = ack − the last delivery before it (window of the ack); latency = ack −
+  creation (window of the ack); per message with ``deliver_at`` > ``create_time``, delay =
+  their difference (window of its creation). Each: percentiles as latency's, max, count,
+  and exact counts per ``HIST_BOUNDS_MS`` bucket (v ≤ 1 first, v > 600,000 last).
+
+Windows are ``timestamp`` instants (independent of the session's time zone); days
 are ``YYYY-MM-DD`` strings of the UTC date.
 """
 
