@@ -10,6 +10,7 @@ import http.server
 import json
 import re
 import threading
+import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
@@ -353,3 +354,40 @@ def test_after_a_takeover_the_recent_acks_are_sent_to_the_new_active_node(
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+@pytest.mark.timeout(300)
+def test_a_query_stopped_mid_batch_prints_no_java_trace(
+    spark: SparkSession, node: NodeProcess, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    from pyspark.sql import functions as F
+
+    # The JVM writes to the stderr it got at start: pytest's capture of the whole run.
+    capture: Any = request.config.pluginmanager.getplugin("capturemanager")
+    if capture is None or not capture.is_globally_capturing():
+        pytest.skip("needs pytest's capture of file descriptors (not -s)")
+    _publish(node, "s-stop", 0, 20)
+
+    @F.udf("string", useArrow=False)
+    def slow(code: str) -> str:
+        time.sleep(5)  # the batch's tasks are running when the query stops
+        return code
+
+    query = (
+        _stream(spark, node, "s-stop", 20)
+        .select(slow("code").alias("code"))
+        .writeStream.format("parquet")
+        .option("path", str(tmp_path / "out"))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    deadline = time.monotonic() + scaled(120)
+    while not spark.sparkContext.statusTracker().getActiveStageIds():
+        assert time.monotonic() < deadline and query.isActive
+        time.sleep(0.2)
+    time.sleep(1)
+    capture.read_global_capture()
+    query.stop()
+    time.sleep(2)  # what the stop's threads log comes within this
+    err = capture.read_global_capture().err
+    assert "Exception" not in err and "\tat " not in err, err[:2000]
