@@ -4,8 +4,8 @@ An archive over three days, a file every six hours. A full run writes every day;
 ``--since 1h`` run after more events came leaves the earlier days' files as they were
 and writes the current day as a full recount would. A run after retention deleted the
 oldest files keeps the days the archive no longer fully holds. And the Parquet written
-carries INT64 microsecond timestamps, UTC-adjusted, not INT96. (Item 5 also: a stream
-query stopped mid-batch prints no page of Java.)
+carries INT64 microsecond timestamps, UTC-adjusted, not INT96. (Item 5's stream query
+stopped mid-batch: tests/spark/test_stream.py.)
 """
 
 from __future__ import annotations
@@ -13,19 +13,15 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import threading
-import time
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 from pyspark.sql import SparkSession
 
 from kapok.analytics.job import run_job
-from kapok.testing.slow import scaled
 
 T0 = datetime(2026, 3, 1, 0, 0, tzinfo=UTC).timestamp()  # day one, 00:00 UTC
 FILE_S = 6 * 3600
@@ -171,78 +167,3 @@ def test_timestamps_are_int64_microseconds_adjusted_to_utc(spark: SparkSession, 
     assert logical["Type"] == "Timestamp" and logical["timeUnit"] == "microseconds"
     assert logical["isAdjustedToUTC"] is True
     assert pq.read_table(path).column("hour").type.tz == "UTC"
-
-
-class _SlowNode(BaseHTTPRequestHandler):
-    """Just enough of a node for the stream source: one pull of 20 messages, then none."""
-
-    pulled: ClassVar[list[int]] = []
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def _send(self, body: Any) -> None:
-        raw = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def do_GET(self) -> None:
-        if "/messages?" in self.path and not self.pulled:
-            self.pulled.append(1)
-            rows = [{"code": f"c{i}", "topic": "t", "data": "x", "create_time": T0} for i in range(20)]
-            self._send({"messages": rows})
-        else:
-            self._send({"messages": [], "groups": [{"name": "default", "ready": 0}]})
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self._send({"unknown": []})
-
-
-@pytest.mark.timeout(300)
-def test_a_query_stopped_mid_batch_prints_no_java_trace(
-    spark: SparkSession, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
-    from pyspark.sql import functions as F
-
-    # The JVM writes to the stderr it got at start: pytest's capture of the whole run.
-    capture: Any = request.config.pluginmanager.getplugin("capturemanager")
-    if capture is None or not capture.is_globally_capturing():
-        pytest.skip("needs pytest's capture of file descriptors (not -s)")
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowNode)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-
-        @F.udf("string", useArrow=False)
-        def slow(code: str) -> str:
-            time.sleep(5)  # the batch's tasks are running when the query stops
-            return code
-
-        query = (
-            spark.readStream.format("kapok")
-            .option("url", f"http://127.0.0.1:{server.server_address[1]}")
-            .option("topic", "t")
-            .load()
-            .select(slow("code").alias("code"))
-            .writeStream.format("parquet")
-            .option("path", str(tmp_path / "out"))
-            .option("checkpointLocation", str(tmp_path / "checkpoint"))
-            .start()
-        )
-        deadline = time.monotonic() + scaled(120)
-        while not spark.sparkContext.statusTracker().getActiveStageIds():
-            assert time.monotonic() < deadline and query.isActive
-            time.sleep(0.2)
-        time.sleep(1)
-        capture.read_global_capture()
-        query.stop()
-        time.sleep(2)  # what the stop's threads log comes within this
-    finally:
-        server.shutdown()
-        server.server_close()
-    err = capture.read_global_capture().err
-    assert "Exception" not in err and "\tat " not in err, err[:2000]
