@@ -92,8 +92,6 @@ __all__ = [
     "group_table",
     "hourly_counts",
     "hourly_table",
-    "latencies",
-    "latency_percentiles",
     "line_metrics",
     "summary",
     "table_names",
@@ -233,16 +231,6 @@ def hourly_counts(events: DataFrame, window: str = "hour") -> DataFrame:
     return topic_counts(group_counts(events, window), window)
 
 
-def latencies(events: DataFrame, since_t: float | None = None, window: str = "hour") -> DataFrame:
-    """One row per ack at or after ``since_t`` with a known creation time: ``topic``, the
-    window's start, ``latency_ms`` (``lifecycle.durations``' end-to-end latencies)."""
-    msgs = lc.messages(events)
-    rows = lc.durations(lc.entries(msgs, lc.group_starts(msgs)), msgs, WINDOWS[window], since_t)
-    return rows.where(F.col("metric") == "latency").select(
-        "topic", _stamp(F.col("window_t")).alias(window_column(window)), F.col("value_ms").alias("latency_ms")
-    )
-
-
 def duration_stats(durations: DataFrame) -> DataFrame:
     """Per topic × metric × window, and per topic × metric overall (``window_t`` null): p50,
     p95, p99, ``max``, ``count`` and ``hist`` (counts per ``HIST_BOUNDS_MS`` bucket) of
@@ -276,20 +264,6 @@ def duration_stats(durations: DataFrame) -> DataFrame:
             "hist",
         )
     )
-
-
-def latency_percentiles(latency: DataFrame, window: str = "hour") -> DataFrame:
-    """``duration_stats`` of end-to-end latencies given as ``topic``, the window's start,
-    ``latency_ms``; with the window's start again (null overall) and ``acks`` (the count)."""
-    column = window_column(window)
-    rows = latency.select(
-        "topic",
-        F.col(column).cast("long").alias("window_t"),
-        F.lit("latency").alias("metric"),
-        F.col("latency_ms").alias("value_ms"),
-    )
-    stats = duration_stats(rows)
-    return stats.select("*", _stamp(F.col("window_t")).alias(column), F.col("count").alias("acks"))
 
 
 def _pivot() -> list[Column]:
