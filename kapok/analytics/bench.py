@@ -12,7 +12,10 @@ A benchmark, not a test: it prints figures and asserts nothing about speed.
    process tree (the Python driver, the JVM, Python workers) every 0.1 s from /proc.
 3. Prints the wall time, the tree's CPU seconds and peak RSS, the throughput and the
    machine's load average before the run (``--json`` for JSON): on a shared machine
-   the wall time follows the load, the CPU seconds much less.
+   the wall time follows the load, the CPU seconds much less. The JVM's CPU seconds are
+   also split by what its threads do (``jvm_threads``): Spark's tasks, the JIT
+   compilers, the garbage collector, and the rest (the driver's planning and code
+   generation).
 
 ``--incremental N`` then adds N new events (new files, in the last hour of the span) and
 runs the job again: an incremental run, which recomputes the last day only. ``--watch N``
@@ -118,8 +121,8 @@ def write_archive(
     return total
 
 
-def tree_usage(root: int) -> tuple[int, float]:
-    """Resident bytes and CPU seconds (user + system) of ``root`` and its descendants, from /proc."""
+def _tree(root: int) -> dict[int, tuple[int, float]]:
+    """``root`` and its descendants: pid → (resident bytes, CPU seconds user + system), from /proc."""
     children: dict[int, list[int]] = {}
     usage: dict[int, tuple[int, float]] = {}
     page = os.sysconf("SC_PAGE_SIZE")
@@ -138,13 +141,55 @@ def tree_usage(root: int) -> tuple[int, float]:
             int(fields[21]) * page,
             (int(fields[11]) + int(fields[12])) / tick,
         )  # rss; utime + stime
-    rss, cpu, todo = 0, 0.0, [root]
+    tree: dict[int, tuple[int, float]] = {}
+    todo = [root]
     while todo:
         pid = todo.pop()
-        pid_rss, pid_cpu = usage.get(pid, (0, 0.0))
-        rss, cpu = rss + pid_rss, cpu + pid_cpu
+        if pid in usage:
+            tree[pid] = usage[pid]
         todo.extend(children.get(pid, []))
-    return rss, cpu
+    return tree
+
+
+def tree_usage(root: int) -> tuple[int, float]:
+    """Resident bytes and CPU seconds (user + system) of ``root`` and its descendants, from /proc."""
+    tree = _tree(root)
+    return sum(rss for rss, _ in tree.values()), sum(cpu for _, cpu in tree.values())
+
+
+# The JVM's threads by what they do, from the start of their names (Linux's 15 characters).
+_THREAD_ROLES: Final = (
+    ("jit", ("C1 CompilerThre", "C2 CompilerThre")),
+    ("gc", ("GC Thread", "G1 ")),
+    ("tasks", ("Executor task",)),
+)
+
+
+def jvm_threads(root: int) -> dict[str, float]:
+    """CPU seconds of the Java processes under ``root`` per thread role: ``jit`` (the JIT
+    compilers, which compile Spark's generated code as it gets hot), ``gc``, ``tasks``
+    (Spark's task threads) and ``other`` (query planning, code generation, the rest)."""
+    out = dict.fromkeys(("jit", "gc", "tasks", "other"), 0.0)
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in _tree(root):
+        try:
+            with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as comm:
+                if comm.read().strip() != "java":
+                    continue
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/comm", encoding="utf-8", errors="replace") as comm:
+                    name = comm.read().strip()
+                with open(f"/proc/{pid}/task/{tid}/stat", encoding="ascii", errors="replace") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            role = next((r for r, starts in _THREAD_ROLES if name.startswith(starts)), "other")
+            out[role] += (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +197,7 @@ class JobRun:
     wall_s: float
     peak_rss_bytes: int
     cpu_s: float  # of the whole tree, as last sampled (a lower bound: the last 0.1 s is missed)
+    jvm_s: dict[str, float]  # the JVM's share of it by thread role (``jvm_threads``), as last sampled
 
 
 def _command(store: Path, output: Path, master: str, *extra: str) -> list[str]:
@@ -164,6 +210,7 @@ class _Sampler:
 
     def __init__(self, root: int) -> None:
         self.root, self.peak, self.cpu = root, 0, 0.0
+        self.jvm = jvm_threads(root)
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -172,6 +219,8 @@ class _Sampler:
         while not self._done.wait(SAMPLE_S):
             rss, used = tree_usage(self.root)
             self.peak, self.cpu = max(self.peak, rss), max(self.cpu, used)
+            roles = jvm_threads(self.root)
+            self.jvm = {role: max(self.jvm[role], roles[role]) for role in roles}
 
     def stop(self) -> None:
         self._done.set()
@@ -188,7 +237,7 @@ def run_job(store: Path, output: Path, master: str, *extra: str) -> JobRun:
     sampler.stop()
     if child.returncode != 0:
         raise SystemExit(f"bench: kapok analytics failed ({child.returncode}):\n{err}")
-    return JobRun(took, sampler.peak, sampler.cpu)
+    return JobRun(took, sampler.peak, sampler.cpu, sampler.jvm)
 
 
 def run_watch(store: Path, output: Path, master: str, add: Callable[[], int], *extra: str) -> JobRun:
@@ -209,7 +258,7 @@ def run_watch(store: Path, output: Path, master: str, add: Callable[[], int], *e
                 break
         else:
             raise SystemExit(f"bench: kapok analytics --watch ended ({child.wait()})")
-        cpu_before = sampler.cpu
+        cpu_before, jvm_before = sampler.cpu, sampler.jvm
         started = time.monotonic()
         files, seen = add(), 0
         for line in child.stderr:
@@ -221,7 +270,8 @@ def run_watch(store: Path, output: Path, master: str, add: Callable[[], int], *e
             raise SystemExit(f"bench: kapok analytics --watch ended ({child.wait()})")
         took = time.monotonic() - started
         time.sleep(2 * SAMPLE_S)  # one more sample of the tree
-        return JobRun(took, sampler.peak, sampler.cpu - cpu_before)
+        jvm = {role: sampler.jvm[role] - jvm_before[role] for role in jvm_before}
+        return JobRun(took, sampler.peak, sampler.cpu - cpu_before, jvm)
     finally:
         child.send_signal(signal.SIGINT)
         try:
@@ -239,6 +289,7 @@ def _figures(name: str, events: int, job: JobRun, load: float) -> dict[str, Any]
         "job_s": round(job.wall_s, 2),
         "events_per_s": round(events / job.wall_s),
         "cpu_s": round(job.cpu_s, 1),
+        **{f"jvm_{role}_cpu_s": round(seconds, 1) for role, seconds in job.jvm_s.items()},
         "peak_rss_mib": round(job.peak_rss_bytes / 2**20),
         "load_avg_1m": round(load, 2),
     }

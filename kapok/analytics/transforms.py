@@ -25,9 +25,8 @@ Rules, each in one function below:
   its message's ``published`` ``create_time``), in milliseconds, counted in the
   hour of the ack; only acks have one (not ``requeued``). An ack whose ``published``
   event is not in the input (aged out of the archive) has no latency. Percentiles
-  come from Spark's ``percentile_approx`` with ``LATENCY_ACCURACY``: the value
-  returned for p is one of the latencies whose rank is within n / LATENCY_ACCURACY
-  of ⌈p·n⌉.
+  are exact (nearest rank): the value for p is the latency of rank ⌈p·n⌉ (at least 1)
+  in ascending order.
 * Counts are per topic, summed over its groups (a message acked by two groups
   counts two acks). A dead letter is also published to ``<topic>.dlq``, which is a
   topic of its own.
@@ -70,7 +69,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC
 from typing import Any, Final
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from kapok.analytics import lifecycle as lc
@@ -80,7 +79,6 @@ __all__ = [
     "EVENT_SCHEMA",
     "GROUP_SUMS",
     "HIST_BOUNDS_MS",
-    "LATENCY_ACCURACY",
     "NEWER_EVENTS",
     "PERCENTILES",
     "WINDOWS",
@@ -113,7 +111,6 @@ COUNTED_EVENTS: Final = ("published", "delivered", "acked", "retried", "dead_let
 NEWER_EVENTS: Final = ("requeued", "deleted")
 # Summed columns of the hourly table, in order (summing hours gives days exactly).
 SUMS: Final = (*COUNTED_EVENTS, "bytes", "redelivered", *NEWER_EVENTS)
-LATENCY_ACCURACY: Final = 10_000  # percentile_approx's accuracy: rank error at most n / 10,000
 PERCENTILES: Final = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
 _HOUR_S: Final = 3600
 _DAY_S: Final = 86400
@@ -233,35 +230,42 @@ def hourly_counts(events: DataFrame, window: str = "hour") -> DataFrame:
 
 def duration_stats(durations: DataFrame) -> DataFrame:
     """Per topic × metric × window, and per topic × metric overall (``window_t`` null): p50,
-    p95, p99, ``max``, ``count`` and ``hist`` (counts per ``HIST_BOUNDS_MS`` bucket) of
-    ``lifecycle.durations``' rows.
+    p95, p99 (nearest rank, exact), ``max``, ``count`` and ``hist`` (counts per
+    ``HIST_BOUNDS_MS`` bucket) of ``lifecycle.durations``' rows.
 
-    One pass for both levels (two grouping sets): the overall percentiles cannot be
-    derived from the windows' ones.
+    One pass for both levels: each value once per level, shuffled by its key and sorted
+    there (the overall percentiles cannot be derived from the windows' ones). A sort costs
+    less than Spark's ``percentile_approx`` sketches, which fall back to sorting anyway
+    beyond 128 keys a task, and its percentiles are exact.
     """
+    key = ("topic", "metric", "window_t")
+    values = durations.select(*key, "value_ms")
+    both = values.unionByName(values.withColumn("window_t", F.lit(None).cast("long")))
+    group = Window.partitionBy(*key)
+    ranked = both.select(
+        *key,
+        "value_ms",
+        F.count("*").over(group).alias("n"),
+        F.row_number().over(group.orderBy("value_ms")).alias("rank"),
+    )
     value = F.col("value_ms")
     bucket = sum(
         ((value > F.lit(float(b))).cast("int") for b in HIST_BOUNDS_MS[1:]), (value > 1.0).cast("int")
     )
     hist = F.array(*(F.count(F.when(F.col("bucket") == i, 1)) for i in range(len(HIST_BOUNDS_MS) + 1)))
-    sketch = F.percentile_approx("value_ms", list(PERCENTILES.values()), LATENCY_ACCURACY)
+
+    def at_rank(p: float) -> Column:
+        rank = F.greatest(F.lit(1), F.ceil(F.col("n") * F.lit(p) - F.lit(1e-9)))
+        return F.max(F.when(F.col("rank") == rank, value))
+
     return (
-        durations.withColumn("bucket", bucket)
-        .groupingSets([("topic", "metric", "window_t"), ("topic", "metric")], "topic", "metric", "window_t")
+        ranked.withColumn("bucket", bucket)
+        .groupBy(*key)
         .agg(
-            sketch.alias("ps"),
+            *(at_rank(p).alias(name) for name, p in PERCENTILES.items()),
             F.max("value_ms").alias("max"),
             F.count("*").alias("count"),
             hist.alias("hist"),
-        )
-        .select(
-            "topic",
-            "metric",
-            "window_t",
-            *(F.col("ps")[i].alias(name) for i, name in enumerate(PERCENTILES)),
-            "max",
-            "count",
-            "hist",
         )
     )
 

@@ -26,7 +26,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from kapok.analytics.job import run_job
-from kapok.analytics.transforms import GROUP_SUMS, LATENCY_ACCURACY, PERCENTILES
+from kapok.analytics.transforms import GROUP_SUMS, PERCENTILES
 from kapok.cli import main
 from kapok.config import Config, load_config
 from kapok.console import analytics as console_analytics
@@ -148,10 +148,8 @@ def _split(
                 out.split[(e["topic"], "processing")].append((e["t"] - before[-1]) * 1000.0)
 
 
-def check_percentile(
-    got: float | None, values: list[float], p: float, accuracy: int, digits: int = 9
-) -> None:
-    """``got`` is a value of ``values`` whose rank is within n / accuracy of ⌈p·n⌉ (nearest rank)."""
+def check_percentile(got: float | None, values: list[float], p: float, digits: int = 9) -> None:
+    """``got`` is the value of ``values`` of rank ⌈p·n⌉ (nearest rank), to ``digits`` decimals."""
     if not values:
         assert got is None
         return
@@ -159,10 +157,8 @@ def check_percentile(
     ordered = sorted(values)
     n = len(ordered)
     rank = max(1, math.ceil(p * n - 1e-9))
-    slack = math.ceil(n / accuracy)
-    window = ordered[max(0, rank - 1 - slack) : min(n, rank + slack)]
     tolerance = 0.5 * 10.0**-digits + 1e-9
-    assert any(abs(got - value) <= tolerance for value in window), (got, p, window)
+    assert abs(got - ordered[rank - 1]) <= tolerance, (got, p, ordered[max(0, rank - 3) : rank + 2])
 
 
 def check_counts(got: Mapping[str, Any], want: Counter[str], names: Iterable[str]) -> None:
@@ -186,7 +182,7 @@ def check_output(spark: SparkSession, output: Path, want: Expected) -> dict[str,
         assert row["redelivery_ratio"] == pytest.approx(_ratio(counts))
         latency = want.hourly_latency.get(key, [])
         for name, p in PERCENTILES.items():
-            check_percentile(row[f"latency_{name}_ms"], latency, p, LATENCY_ACCURACY)
+            check_percentile(row[f"latency_{name}_ms"], latency, p)
         assert row["latency_max_ms"] == (pytest.approx(max(latency)) if latency else None)
 
     daily = {
@@ -216,12 +212,10 @@ def check_output(spark: SparkSession, output: Path, want: Expected) -> dict[str,
         assert set(entry) >= {*COUNTED[:-1], "latency_ms", "queue_wait_ms", "processing_ms", "histograms"}
         check_counts(entry, want_topics[topic], COUNTED[:-1])
         for name, p in PERCENTILES.items():
-            check_percentile(
-                entry["latency_ms"][name], want.topic_latency.get(topic, []), p, LATENCY_ACCURACY, 3
-            )
+            check_percentile(entry["latency_ms"][name], want.topic_latency.get(topic, []), p, 3)
             for metric in ("queue_wait", "processing"):
                 values = want.split.get((topic, metric), [])
-                check_percentile(entry[f"{metric}_ms"][name], values, p, LATENCY_ACCURACY, 3)
+                check_percentile(entry[f"{metric}_ms"][name], values, p, 3)
         hist = entry["histograms"]["latency"]
         assert (sum(hist) if hist else 0) == len(want.topic_latency.get(topic, []))
     assert {(g["topic"], g["group"]) for g in summary["groups"]} == {(t, g) for t, g, _ in groups}
