@@ -39,7 +39,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -121,26 +121,31 @@ def write_archive(
     return total
 
 
+def _stat(path: str) -> list[str] | None:
+    """The fields of a /proc ``stat`` file after the command name (state first), or None
+    if its process or thread has exited."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as stat:
+            return stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _cpu_s(fields: list[str]) -> float:
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
 def _tree(root: int) -> dict[int, tuple[int, float]]:
     """``root`` and its descendants: pid → (resident bytes, CPU seconds user + system), from /proc."""
     children: dict[int, list[int]] = {}
     usage: dict[int, tuple[int, float]] = {}
     page = os.sysconf("SC_PAGE_SIZE")
-    tick = os.sysconf("SC_CLK_TCK")
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdigit() or (fields := _stat(f"/proc/{entry}/stat")) is None:
             continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # exited meanwhile
         pid = int(entry)
         children.setdefault(int(fields[1]), []).append(pid)  # ppid
-        usage[pid] = (
-            int(fields[21]) * page,
-            (int(fields[11]) + int(fields[12])) / tick,
-        )  # rss; utime + stime
+        usage[pid] = (int(fields[21]) * page, _cpu_s(fields))  # rss, CPU
     tree: dict[int, tuple[int, float]] = {}
     todo = [root]
     while todo:
@@ -151,10 +156,13 @@ def _tree(root: int) -> dict[int, tuple[int, float]]:
     return tree
 
 
+def _sum(tree: dict[int, tuple[int, float]]) -> tuple[int, float]:
+    return sum(rss for rss, _ in tree.values()), sum(cpu for _, cpu in tree.values())
+
+
 def tree_usage(root: int) -> tuple[int, float]:
     """Resident bytes and CPU seconds (user + system) of ``root`` and its descendants, from /proc."""
-    tree = _tree(root)
-    return sum(rss for rss, _ in tree.values()), sum(cpu for _, cpu in tree.values())
+    return _sum(_tree(root))
 
 
 # The JVM's threads by what they do, from the start of their names (Linux's 15 characters).
@@ -169,9 +177,12 @@ def jvm_threads(root: int) -> dict[str, float]:
     """CPU seconds of the Java processes under ``root`` per thread role: ``jit`` (the JIT
     compilers, which compile Spark's generated code as it gets hot), ``gc``, ``tasks``
     (Spark's task threads) and ``other`` (query planning, code generation, the rest)."""
+    return _jvm_roles(_tree(root))
+
+
+def _jvm_roles(pids: Iterable[int]) -> dict[str, float]:
     out = dict.fromkeys(("jit", "gc", "tasks", "other"), 0.0)
-    tick = os.sysconf("SC_CLK_TCK")
-    for pid in _tree(root):
+    for pid in pids:
         try:
             with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as comm:
                 if comm.read().strip() != "java":
@@ -183,12 +194,11 @@ def jvm_threads(root: int) -> dict[str, float]:
             try:
                 with open(f"/proc/{pid}/task/{tid}/comm", encoding="utf-8", errors="replace") as comm:
                     name = comm.read().strip()
-                with open(f"/proc/{pid}/task/{tid}/stat", encoding="ascii", errors="replace") as stat:
-                    fields = stat.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            role = next((r for r, starts in _THREAD_ROLES if name.startswith(starts)), "other")
-            out[role] += (int(fields[11]) + int(fields[12])) / tick
+            if (fields := _stat(f"/proc/{pid}/task/{tid}/stat")) is not None:
+                role = next((r for r, starts in _THREAD_ROLES if name.startswith(starts)), "other")
+                out[role] += _cpu_s(fields)
     return out
 
 
@@ -217,9 +227,10 @@ class _Sampler:
 
     def _run(self) -> None:
         while not self._done.wait(SAMPLE_S):
-            rss, used = tree_usage(self.root)
+            tree = _tree(self.root)  # one walk of /proc a sample, for both
+            rss, used = _sum(tree)
             self.peak, self.cpu = max(self.peak, rss), max(self.cpu, used)
-            roles = jvm_threads(self.root)
+            roles = _jvm_roles(tree)
             self.jvm = {role: max(self.jvm[role], roles[role]) for role in roles}
 
     def stop(self) -> None:
