@@ -4,9 +4,10 @@ Spark needs Java (17 or 21 for Spark 4) and, for Python data sources, pyarrow; b
 checked before the JVM starts so that their absence is one clear line, not a page of
 Java. On a ``local[…]`` master the driver binds to loopback (else Spark binds the
 machine's outward interface), the UI stays off, Python workers run this interpreter
-(so they import the same kapok and pyarrow), and shuffles use a few partitions
-instead of 200. Every session computes in UTC and writes Parquet timestamps as INT64
-microseconds (UTC-adjusted).
+(so they import the same kapok and pyarrow), shuffles use a few partitions instead
+of 200, and the heap is a quarter of the machine's memory (1 to 8 GiB), not 1 GiB.
+Every session computes in UTC and writes Parquet timestamps as INT64 microseconds
+(UTC-adjusted).
 """
 
 from __future__ import annotations
@@ -59,12 +60,23 @@ def local_conf(master: str | None) -> dict[str, str]:
         return {}
     cores = os.cpu_count() or 2
     return {
+        # Spark's default heap (1 GiB) runs out on a few million events (the shuffle by
+        # code); local mode has one JVM, so it gets a quarter of the machine, 1 to 8 GiB.
+        "spark.driver.memory": f"{_heap_mib()}m",
         "spark.driver.bindAddress": "127.0.0.1",
         "spark.driver.host": "127.0.0.1",
         "spark.ui.enabled": "false",
         "spark.sql.shuffle.partitions": str(max(2, 2 * cores)),
         "spark.default.parallelism": str(max(2, cores)),
     }
+
+
+def _heap_mib() -> int:
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 1024
+    return max(1024, min(8192, total // 4 // 2**20))
 
 
 def build_session(
