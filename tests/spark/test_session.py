@@ -10,7 +10,7 @@ from kapok.analytics.session import local_conf
 
 
 def test_a_local_session_gets_a_heap_sized_to_the_machine(spark: SparkSession) -> None:
-    # Spark's own 1 GiB ran out of memory at 5,000,000 archived events (the shuffle by code).
+    # Spark's own 1 GiB ran out of memory at 5,000,000 archived events.
     wanted_mib = int(local_conf("local[2]")["spark.driver.memory"].removesuffix("m"))
     assert 1024 <= wanted_mib <= 8192
     jvm: Any = spark.sparkContext._jvm
