@@ -2,8 +2,7 @@
 
 A run lists the input files with their sizes and mtimes (local files from the file
 system, URIs through Spark's Hadoop client), reads the ledger beside the output, scans
-the new files for their first and last event time (one aggregation grouped by file,
-parsing only ``ev`` and ``t``), and runs the job restricted to the days those touch. With
+the new files for their first and last event time (``job.scan_files``), and runs the job restricted to the days those touch. With
 nothing new, no job runs. The ledger is written last.
 """
 
@@ -66,21 +65,11 @@ def list_files(spark: SparkSession, sources: Sequence[str]) -> dict[str, FileSta
 
 
 def scan_files(spark: SparkSession, files: Mapping[str, FileStamp]) -> dict[str, FileSpan]:
-    """Each file's first and last event time: one pass parsing ``ev`` and ``t`` of the files given."""
-    from pyspark.sql import functions as F
+    """Each file's first and last event time: one pass over the files given (``job.scan_files``)."""
+    from kapok.analytics import job
 
-    if not files:
-        return {}
-    rows = (
-        spark.read.schema("ev STRING, t DOUBLE")
-        .option("mode", "PERMISSIVE")
-        .json(list(files))
-        .where(F.col("ev").isNotNull() & F.col("t").isNotNull())
-        .groupBy(F.input_file_name().alias("file"))
-        .agg(F.min("t").alias("first"), F.max("t").alias("last"))
-        .collect()
-    )
-    times = {file_key(str(row["file"])): (float(row["first"]), float(row["last"])) for row in rows}
+    scans = job.scan_files(job.archive_files(spark, list(files)), None)
+    times = {file_key(name): (scan.first_t, scan.last_t) for name, scan in scans.items()}
     return {path: FileSpan(stamp, *times.get(path, (None, None))) for path, stamp in files.items()}
 
 

@@ -34,28 +34,27 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator, Sequence
+import pickle
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import orjson
+import pyarrow as pa
 from py4j.protocol import Py4JError
-from pyspark import StorageLevel
 from pyspark.errors import PySparkException
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
 
-from kapok.analytics import lifecycle as lc
+from kapok.analytics import engine
 from kapok.analytics import transforms as tf
 from kapok.analytics.session import first_line
-from kapok.analytics.unique import read_schema, unique_events
 from kapok.errors import AnalyticsError
 
-__all__ = ["SUMMARY_FILE", "JobResult", "run_job", "write_text"]
+__all__ = ["SUMMARY_FILE", "JobResult", "archive_files", "run_job", "scan_files", "write_text"]
 
 SUMMARY_FILE = "summary.json"
 DAY_S = 86400
@@ -108,159 +107,276 @@ def _run(
     days: Sequence[str] | None = None,
     window: str = "hour",
 ) -> JobResult:
-    rows = (
-        spark.read.schema(read_schema(tf.EVENT_SCHEMA)).option("mode", "PERMISSIVE").json(list(sources))
-        if sources
-        else spark.createDataFrame([], read_schema(tf.EVENT_SCHEMA))  # a node that has archived nothing yet
-    )
+    files = archive_files(spark, sources)
     # A window is widened to whole days: every day partition it touches is recomputed
     # from all of that day's events the archive still holds, never from a part of them.
     since_t = None if since_t is None else math.floor(since_t / DAY_S) * DAY_S
-    cached: list[DataFrame] = []
-
-    def cache(frame: DataFrame) -> DataFrame:
-        cached.append(frame.persist(StorageLevel.MEMORY_AND_DISK))
-        return frame
-
-    try:
-        # Per file (parses only ``ev`` and ``t``): its first and last event time, for the
-        # input ledger of incremental runs, at no extra pass.
-        is_event = F.col("ev").isNotNull() & F.col("t").isNotNull()
-        per_file = (
-            rows.groupBy(F.input_file_name().alias("file"))
-            .agg(
-                *tf.line_metrics(since_t),
-                F.min(F.when(is_event, F.col("t"))).alias("first_t"),
-                F.max(F.when(is_event, F.col("t"))).alias("last_t"),
-            )
-            .collect()
-        )
-        file_times = {str(r["file"]): (r["first_t"], r["last_t"]) for r in per_file}
-        totals = {name: sum(int(r[name]) for r in per_file) for name in ("skipped", "events", "all_events")}
-        skipped, count = int(totals["skipped"]), int(totals["events"])
-        if skipped and not totals["all_events"]:
-            raise AnalyticsError(f"not an archive: none of the {skipped} lines read is a lifecycle event")
-        # Every node's archive may be given, and one archive twice: each event counts once.
-        events = cache(unique_events(tf.events_only(rows)))
-        unique = tf.events_since(events, since_t).count()
-        repeated, count = count - unique, unique
+    window_s = tf.WINDOWS[window]
+    scans = scan_files(files, since_t)
+    file_times = {name: (scan.first_t, scan.last_t) for name, scan in scans.items()}
+    skipped = sum(scan.skipped for scan in scans.values())
+    count = sum(scan.events for scan in scans.values())
+    if skipped and not any(scan.all_events for scan in scans.values()):
+        raise AnalyticsError(f"not an archive: none of the {skipped} lines read is a lifecycle event")
+    figures = _figures(
+        spark,
+        files,
+        window_s=window_s,
+        since_t=since_t,
+        days=days,
+        starts=engine.merge_starts(scans.values()),
+    )
+    unique = figures.events
+    repeated, count = count - unique, unique
+    progress(
+        f"{count:,} events"
+        + (f" ({repeated:,} more lines repeated them: counted once)" if repeated else "")
+        + (f" ({skipped:,} torn or foreign lines skipped)" if skipped else "")
+    )
+    counts, stats, parts = figures.counts, figures.stats, figures.parts
+    hourly = tf.hourly_table(tf.topic_counts(counts, window), stats)
+    windows = [(row.topic, row.group, row.window_t) for row in counts if row.group is not None]
+    backlog = tf.backlog(parts, window_s, windows)
+    groups = tf.group_table(counts, backlog, {row["day"] for row in hourly}, window)
+    daily = tf.daily_counts(hourly)
+    kept = _partial_days(spark, output, hourly, daily, window)
+    if kept:
         progress(
-            f"{count:,} events"
-            + (f" ({repeated:,} more lines repeated them: counted once)" if repeated else "")
-            + (f" ({skipped:,} torn or foreign lines skipped)" if skipped else "")
+            f"kept {len(kept)} earlier day(s) as they were ({', '.join(kept)}): "
+            "the archive no longer holds all their events"
         )
-        lives = events  # every event read: a message's life may span days (backlog, latencies)
-        if days is not None:  # an incremental run: only these days are counted and written
-            day = F.date_from_unix_date(F.floor(F.col("t") / DAY_S).cast("int")).cast("string")
-            events = events.where(day.isin(list(days)))
-        # One shuffle by code: each message's life per group (durations, backlog).
-        msgs = cache(lc.messages(lives))
-        entries = cache(lc.entries(msgs, lc.group_starts(msgs)))
-        percentiles = cache(tf.duration_stats(lc.durations(entries, msgs, tf.WINDOWS[window], since_t)))
-        grouped = cache(tf.group_counts(tf.events_since(events, since_t), window))
-        hourly = cache(tf.hourly_table(tf.topic_counts(grouped, window), percentiles, window))
-        backlog = lc.backlog(entries, tf.WINDOWS[window], grouped.where(F.col("group").isNotNull()))
-        groups = cache(tf.group_table(grouped, backlog, hourly, window))
-        daily = cache(tf.daily_counts(hourly))
-        kept = _partial_days(spark, output, hourly, daily, window)
-        if kept:
-            progress(
-                f"kept {len(kept)} earlier day(s) as they were ({', '.join(kept)}): "
-                "the archive no longer holds all their events"
+        hourly, daily, groups = (
+            [row for row in rows if row["day"] not in kept] for rows in (hourly, daily, groups)
+        )
+    windows_table, groups_table = tf.table_names(window)
+    with _write_conf(spark):
+        for name, rows in ((windows_table, hourly), ("daily", daily), (groups_table, groups)):
+            (
+                _table(spark, rows, _schema(name, window))
+                .coalesce(1)
+                .write.mode("overwrite")
+                .option("partitionOverwriteMode", "dynamic")  # only the days written here
+                .partitionBy("day")
+                .parquet(_join(output, name))
             )
-            hourly = hourly.where(~F.col("day").isin(kept))
-            daily = daily.where(~F.col("day").isin(kept))
-            groups = groups.where(~F.col("day").isin(kept))
-        topic_hours = hourly.count()
-        with _write_conf(spark):
-            windows_table, groups_table = tf.table_names(window)
-            for name, table in ((windows_table, hourly), ("daily", daily), (groups_table, groups)):
-                (
-                    table.coalesce(1)
-                    .write.mode("overwrite")
-                    .option("partitionOverwriteMode", "dynamic")  # only the days written here
-                    .partitionBy("day")
-                    .parquet(_join(output, name))
-                )
-        # The summary covers every day of the table (history older than the archive too),
-        # not only the days this run recomputed; its latencies are those of the acks read.
-        history = _read_table(spark, _join(output, "daily"), daily.schema)
-        topic_rows: list[dict[str, Any]] = []
-        day_rows: list[dict[str, Any]] = []
-        if history is not None:  # else no day has events yet
-            topic_rows = [row.asDict() for row in tf.topic_totals(history, percentiles).collect()]
-            day_rows = [row.asDict() for row in history.collect()]
-        group_rows = [row.asDict() for row in _last_windows(groups, window).collect()]
-    finally:
-        for frame in cached:
-            frame.unpersist()
+    # The summary covers every day of the table (history older than the archive too),
+    # not only the days this run recomputed; its latencies are those of the acks read.
+    history = _read_table(spark, _join(output, "daily"), _schema("daily", window))
+    day_rows = [] if history is None else [row.asDict() for row in history.collect()]
+    topic_rows = tf.topic_totals(day_rows, stats)
+    group_rows = tf.last_windows(groups, window)
     generated_at = datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
     summary = tf.summary(topic_rows, day_rows, generated_at, group_rows, window)
     write_text(spark, _join(output, SUMMARY_FILE), orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
-    return JobResult(output, count, skipped, len(topic_rows), topic_hours, summary, tuple(kept), file_times)
+    return JobResult(output, count, skipped, len(topic_rows), len(hourly), summary, tuple(kept), file_times)
 
 
-def _last_windows(groups: DataFrame, window: str) -> DataFrame:
-    """Each group's row of its last window (the backlog the summary shows)."""
-    last = Window.partitionBy("topic", "group").orderBy(F.col(tf.window_column(window)).desc())
-    return groups.withColumn("n", F.row_number().over(last)).where(F.col("n") == 1).drop("n")
+_SCAN_DDL = "file STRING, scan BINARY"
+_COUNTS_DDL = ", ".join(
+    ["topic STRING", "`group` STRING", "window_t LONG", *(f"`{name}` LONG" for name in tf.SUMS)]
+)
+_STATS_DDL = (
+    "topic STRING, metric STRING, window_t LONG, p50 DOUBLE, p95 DOUBLE, p99 DOUBLE, max DOUBLE, count LONG, "
+    "hist ARRAY<LONG>"
+)
+_BACKLOG_DDL = (
+    "topic STRING, `group` STRING, window_t LONG, d_ready LONG, d_in_flight LONG, open_since DOUBLE, "
+    "closed_since DOUBLE"
+)
+
+
+def archive_files(spark: SparkSession, sources: Sequence[str]) -> DataFrame | None:
+    """A row per file of ``sources`` (files, directories, globs or URIs): ``path`` (as Spark
+    names it) and ``content`` (its bytes), read by Spark's own file systems. None for none."""
+    return spark.read.format("binaryFile").load(list(sources)).select("path", "content") if sources else None
+
+
+def scan_files(files: DataFrame | None, since_t: float | None) -> dict[str, engine.FileScan]:
+    """Each file's ``engine.FileScan`` (one pass, in the executors), by its name as Spark gives it."""
+    if files is None:
+        return {}
+
+    def scan_files(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            names = batch["path"].to_pylist()
+            scans = [pickle.dumps(engine.scan(data, since_t)) for data in batch["content"].to_pylist()]
+            yield pa.RecordBatch.from_pydict({"file": names, "scan": scans})
+
+    # A scan crosses from the executors pickled: a few numbers and a few (topic, group) starts.
+    rows = files.mapInArrow(scan_files, _SCAN_DDL).toArrow()
+    return {
+        name: pickle.loads(data)
+        for name, data in zip(rows["file"].to_pylist(), rows["scan"].to_pylist(), strict=True)
+    }
+
+
+def _figures(
+    spark: SparkSession,
+    files: DataFrame | None,
+    *,
+    window_s: int,
+    since_t: float | None,
+    days: Sequence[str] | None,
+    starts: Mapping[str, Mapping[str, float]],
+) -> engine.Figures:
+    """The engine's figures of ``files``: one pass in Spark's tasks (read, shuffled by code,
+    ``engine.lives``, shuffled by topic × metric, ``engine.stats``), as ``engine.figures_of``
+    computes them in one process."""
+    if files is None:
+        empty = engine.OUT_FIELDS.empty_table()  # a node that has archived nothing yet
+        return engine.decode(empty)
+    tasks = int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for data in batch["content"].to_pylist():
+                yield from engine.read_events(data).to_batches()
+
+    def lives(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return engine.lives(batches, window_s=window_s, since_t=since_t, days=days, starts=starts)
+
+    rows = (
+        files.mapInArrow(read, engine.EVENT_DDL)
+        .repartition(tasks, "code")
+        .mapInArrow(lives, engine.OUT_DDL)
+        .repartition(tasks, "topic", "metric")
+        .mapInArrow(engine.stats, engine.OUT_DDL)
+        .toArrow()
+    )
+    return engine.decode(rows)
 
 
 def _partial_days(
-    spark: SparkSession, output: str, hourly: DataFrame, daily: DataFrame, window: str = "hour"
+    spark: SparkSession,
+    output: str,
+    hourly: Sequence[Mapping[str, Any]],
+    daily: Sequence[Mapping[str, Any]],
+    window: str = "hour",
 ) -> list[str]:
     """The recomputed days whose written partition holds more than the archive still does.
 
-    A day's existing partition wins when it has an hour earlier than the recount's first
-    hour of that day, or more counted events: the archive lost some of that day's events
+    A day's existing partition wins when it has a window earlier than the recount's first
+    window of that day, or more counted events: the archive lost some of that day's events
     (retention, or fewer inputs), so the recount would be partial.
     """
-    old_daily = _read_table(spark, _join(output, "daily"), daily.schema)
-    old_hourly = _read_table(spark, _join(output, tf.table_names(window)[0]), hourly.schema)
-    if old_daily is None or old_hourly is None:
+    days = sorted({str(row["day"]) for row in daily})
+    old_daily = _read_table(spark, _join(output, "daily"), _schema("daily", window))
+    old_hourly = _read_table(
+        spark, _join(output, tf.table_names(window)[0]), _schema(tf.table_names(window)[0], window)
+    )
+    if old_daily is None or old_hourly is None or not days:
         return []
-    days = [str(row["day"]) for row in daily.select("day").distinct().collect()]
-    if not days:
-        return []
-    counted = sum((F.col(name) for name in tf.COUNTED_EVENTS[1:]), F.col(tf.COUNTED_EVENTS[0]))
-
-    def per_day(table_daily: DataFrame, table_hourly: DataFrame) -> dict[str, tuple[int, Any]]:
-        totals = {
-            str(r["day"]): int(r["n"])
-            for r in table_daily.where(F.col("day").isin(days))
-            .groupBy("day")
-            .agg(F.sum(counted).alias("n"))
-            .collect()
-        }
-        firsts = {
-            str(r["day"]): r["first"]
-            for r in table_hourly.where(F.col("day").isin(days))
-            .groupBy("day")
-            .agg(F.min(tf.window_column(window)).alias("first"))
-            .collect()
-        }
-        return {day: (totals.get(day, 0), firsts.get(day)) for day in set(totals) | set(firsts)}
-
-    old = per_day(old_daily, old_hourly)
-    new = per_day(daily, hourly)
+    column = tf.window_column(window)
+    counted = sum(
+        (F.coalesce(F.col(name), F.lit(0)) for name in tf.COUNTED_EVENTS[1:]),
+        F.coalesce(F.col(tf.COUNTED_EVENTS[0]), F.lit(0)),
+    )
+    old_totals = {
+        str(r["day"]): int(r["n"])
+        for r in old_daily.where(F.col("day").isin(days))
+        .groupBy("day")
+        .agg(F.sum(counted).alias("n"))
+        .collect()
+    }
+    old_firsts = {
+        str(r["day"]): r["first"]
+        for r in old_hourly.where(F.col("day").isin(days))
+        .groupBy("day")
+        .agg(F.min(F.unix_seconds(F.col(column))).alias("first"))
+        .collect()
+    }
+    new_totals: dict[str, int] = {}
+    for row in daily:
+        new_totals[row["day"]] = new_totals.get(row["day"], 0) + sum(row[name] for name in tf.COUNTED_EVENTS)
+    new_firsts: dict[str, int] = {}
+    for row in hourly:
+        new_firsts[row["day"]] = min(row["window_t"], new_firsts.get(row["day"], row["window_t"]))
     kept = []
-    for day, (old_n, old_first) in old.items():
-        new_n, new_first = new.get(day, (0, None))
+    for day in set(old_totals) | set(old_firsts):
+        old_first, new_first = old_firsts.get(day), new_firsts.get(day)
         earlier = old_first is not None and (new_first is None or old_first < new_first)
-        if old_n > new_n or earlier:
+        if old_totals.get(day, 0) > new_totals.get(day, 0) or earlier:
             kept.append(day)
     return sorted(kept)
 
 
-def _read_table(spark: SparkSession, uri: str, schema: StructType) -> DataFrame | None:
-    """A table written by an earlier run (None if there is none), its ``day`` a string."""
+def _read_table(spark: SparkSession, uri: str, schema: pa.Schema) -> DataFrame | None:
+    """A table written by an earlier run (None if there is none), its ``day`` a string; a
+    column it lacks (written before the column existed) reads as null."""
     jvm: Any = spark.sparkContext._jvm
     conf: Any = spark.sparkContext._jsc.hadoopConfiguration()
     path = jvm.org.apache.hadoop.fs.Path(uri)
     fs = path.getFileSystem(conf)
     if not fs.exists(path) or not fs.globStatus(jvm.org.apache.hadoop.fs.Path(uri + "/day=*")):
         return None
-    return spark.read.schema(schema).parquet(uri)
+    return spark.read.schema(_ddl(schema)).parquet(uri)
+
+
+_TIMESTAMP: Final = pa.timestamp("us", tz="UTC")
+_HIST: Final = pa.list_(pa.int64())
+
+
+def _schema(name: str, window: str) -> pa.Schema:
+    """The columns of table ``name`` (``day``, the partition, last): the windows table, ``daily``
+    or the groups table."""
+    sums = [pa.field(name, pa.int64()) for name in tf.SUMS]
+    column = tf.window_column(window)
+    windows_table, groups_table = tf.table_names(window)
+    if name == "daily":
+        fields = [pa.field("topic", pa.string()), *sums, pa.field("redelivery_ratio", pa.float64())]
+    elif name == windows_table:
+        durations: list[pa.Field] = []
+        for metric in tf.DURATION_METRICS:
+            durations.extend(
+                pa.field(f"{metric}_{stat}_ms", pa.float64()) for stat in (*tf.PERCENTILES, "max")
+            )
+            durations.append(pa.field(f"{metric}_hist", _HIST))
+        fields = [
+            pa.field("topic", pa.string()),
+            pa.field(column, _TIMESTAMP),
+            *sums,
+            pa.field("redelivery_ratio", pa.float64()),
+            *durations,
+            pa.field("delayed", pa.int64(), nullable=False),
+        ]
+    elif name == groups_table:
+        fields = [
+            pa.field("topic", pa.string()),
+            pa.field("group", pa.string()),
+            pa.field(column, _TIMESTAMP),
+            *(pa.field(name, pa.int64(), nullable=False) for name in tf.GROUP_SUMS),
+            pa.field("ready", pa.int64()),
+            pa.field("in_flight", pa.int64()),
+            pa.field("oldest_unacked_age_s", pa.float64()),
+        ]
+    else:
+        raise ValueError(f"no table {name!r}")
+    return pa.schema([*fields, pa.field("day", pa.string())])
+
+
+_SPARK_TYPES: Final = {
+    "string": "STRING",
+    "int64": "BIGINT",
+    "double": "DOUBLE",
+    "timestamp[us, tz=UTC]": "TIMESTAMP",
+}
+
+
+def _ddl(schema: pa.Schema) -> str:
+    def kind(field: pa.Field) -> str:
+        if pa.types.is_list(field.type):
+            return f"ARRAY<{_SPARK_TYPES[str(field.type.value_type)]}>"
+        return _SPARK_TYPES[str(field.type)]
+
+    return ", ".join(
+        f"`{field.name}` {kind(field)}" + ("" if field.nullable else " NOT NULL") for field in schema
+    )
+
+
+def _table(spark: SparkSession, rows: Sequence[Mapping[str, Any]], schema: pa.Schema) -> DataFrame:
+    """``rows`` (dicts with at least ``schema``'s columns) as a DataFrame of ``schema``."""
+    columns = {field.name: pa.array([row[field.name] for row in rows], field.type) for field in schema}
+    return spark.createDataFrame(pa.table(columns, schema=schema))
 
 
 @contextmanager

@@ -1,4 +1,5 @@
-"""The analytics job's logic, as pure functions DataFrame → DataFrame.
+"""The analytics job's rules, and its pure functions DataFrame → DataFrame over the small
+figures (per topic × window) that ``kapok.analytics.engine`` computes from the events.
 
 Input: the archive's JSON lines (``kapok.storage.archive``), one lifecycle event a
 line: ``{"ev", "code", "topic", "group", "t", ...}`` with ``t`` in unix seconds
@@ -6,10 +7,9 @@ line: ``{"ev", "code", "topic", "group", "t", ...}`` with ``t`` in unix seconds
 
 Rules, each in one function below:
 
-* The job reads the lines with Spark's JSON reader and ``EVENT_SCHEMA``; a line that
-  is not a whole JSON object (the cut last line a crash leaves) becomes a row whose
-  fields are all null. ``events_only`` drops such rows and ``line_metrics`` counts
-  them.
+* A line that is not a JSON object with ``ev`` and ``t`` (the cut last line a crash
+  leaves, a foreign line) is no event: it is counted as skipped
+  (``kapok.analytics.engine``).
 * Every event counts in the UTC hour and day of its own ``t``: a message published
   at 23:59 and acked at 00:01 counts as published on one day and acked on the next.
 * Each event kind means one thing (docs/analytics.md, "Event schema"), and each is
@@ -65,32 +65,39 @@ are ``YYYY-MM-DD`` strings of the UTC date.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from datetime import UTC
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Final
 
-from pyspark.sql import Column, DataFrame, Window
-from pyspark.sql import functions as F
-
-from kapok.analytics import lifecycle as lc
+from kapok.analytics.kinds import (
+    COUNTED_EVENTS,
+    DURATION_METRICS,
+    GROUP_SUMS,
+    HIST_BOUNDS_MS,
+    NEWER_EVENTS,
+    PERCENTILES,
+    SUMS,
+    WINDOWS,
+)
 
 __all__ = [
     "COUNTED_EVENTS",
-    "EVENT_SCHEMA",
+    "DURATION_METRICS",
     "GROUP_SUMS",
     "HIST_BOUNDS_MS",
     "NEWER_EVENTS",
     "PERCENTILES",
+    "SUMS",
     "WINDOWS",
+    "BacklogRow",
+    "CountRow",
+    "StatRow",
+    "backlog",
     "daily_counts",
-    "duration_stats",
-    "events_only",
-    "events_since",
-    "group_counts",
     "group_table",
-    "hourly_counts",
     "hourly_table",
-    "line_metrics",
+    "last_windows",
     "summary",
     "table_names",
     "topic_counts",
@@ -98,34 +105,44 @@ __all__ = [
     "window_column",
 ]
 
-# The fields the job reads (others in a line are ignored). Explicit, so Spark never
-# scans the input to infer a schema; and each aggregation parses only the fields it uses.
-EVENT_SCHEMA: Final = (
-    "ev STRING, code STRING, topic STRING, group STRING, t DOUBLE, create_time DOUBLE, deliver_at DOUBLE, "
-    "size LONG, attempt INT"
-)
-# Event kinds counted per topic × hour, each into a column of the same name.
-COUNTED_EVENTS: Final = ("published", "delivered", "acked", "retried", "dead_lettered", "expired", "dropped")
-# Kinds counted the same way, whose columns tables written before them lack (null when
-# such a table is read back): kept out of COUNTED_EVENTS, which compares with old tables.
-NEWER_EVENTS: Final = ("requeued", "deleted")
-# Summed columns of the hourly table, in order (summing hours gives days exactly).
-SUMS: Final = (*COUNTED_EVENTS, "bytes", "redelivered", *NEWER_EVENTS)
-PERCENTILES: Final = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
-_HOUR_S: Final = 3600
-_DAY_S: Final = 86400
-# ``--window``: its length in seconds (UTC windows of fixed length: no leap seconds).
-WINDOWS: Final = {"minute": 60, "hour": _HOUR_S, "day": _DAY_S}
-# Per topic × group × window: the counts of the kinds that name a group.
-GROUP_SUMS: Final = (*lc.GROUP_KINDS, "redelivered")
-# Histogram buckets of every duration, in ms: bucket i counts bounds[i-1] < v <= bounds[i]
-# (the first from −inf, one more after the last bound, to +inf).
-HIST_BOUNDS_MS: Final = (
-    1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000,
-    100_000, 200_000, 600_000,
-)  # fmt: skip
-# Duration columns of the windows table and the topic totals, per ``lifecycle.DURATION_METRICS``.
+# Duration columns of the windows table and the topic totals, per ``DURATION_METRICS``.
 _STATS: Final = (*PERCENTILES, "max")
+
+
+@dataclass(frozen=True, slots=True)
+class CountRow:
+    """``SUMS`` of one topic × group × window (``group`` None: kinds that name no group)."""
+
+    topic: str
+    group: str | None
+    window_t: int
+    sums: Sequence[int]
+
+
+@dataclass(frozen=True, slots=True)
+class StatRow:
+    """One duration's figures per topic × window (``window_t`` None: overall): ``figures``
+    are the percentiles' values in ``PERCENTILES``' order, then the max."""
+
+    topic: str
+    metric: str
+    window_t: int | None
+    figures: Sequence[float]
+    count: int
+    hist: Sequence[int]
+
+
+@dataclass(frozen=True, slots=True)
+class BacklogRow:
+    """One task's ``kapok.analytics.lifecycle.BacklogParts`` entry."""
+
+    topic: str
+    group: str
+    window_t: int
+    d_ready: int
+    d_in_flight: int
+    open_since: float | None
+    closed_since: float | None
 
 
 def window_column(window: str) -> str:
@@ -142,197 +159,167 @@ def table_names(window: str) -> tuple[str, str]:
     return f"by_{window}", f"groups_by_{window}"
 
 
-def _is_event() -> Column:
-    return F.col("ev").isNotNull() & F.col("t").isNotNull()
+def _stamp(window_t: int) -> datetime:
+    return datetime.fromtimestamp(window_t, UTC)
 
 
-def _in_window(since_t: float | None) -> Column:
-    return F.lit(True) if since_t is None else F.col("t") >= F.lit(since_t)
+def _day(window_t: int) -> str:
+    return _stamp(window_t).strftime("%Y-%m-%d")
 
 
-def events_only(rows: DataFrame) -> DataFrame:
-    """The rows that are events (not torn or foreign lines)."""
-    return rows.where(_is_event())
+def _ratio(part: int, whole: int) -> float:
+    return part / whole if whole > 0 else 0.0
 
 
-def events_since(events: DataFrame, since_t: float | None) -> DataFrame:
-    """The events at or after unix time ``since_t`` (all of them for None)."""
-    return events if since_t is None else events.where(_in_window(since_t))
+def _add(total: list[int], figures: Sequence[int | None]) -> None:
+    for i, n in enumerate(figures):
+        total[i] += n or 0
 
 
-def line_metrics(since_t: float | None) -> list[Column]:
-    """Aggregates over all rows: ``skipped`` lines (no event), ``events`` in the window,
-    ``all_events``."""
-    return [
-        F.count(F.when(~_is_event(), 1)).alias("skipped"),
-        F.count(F.when(_is_event() & _in_window(since_t), 1)).alias("events"),
-        F.count(F.when(_is_event(), 1)).alias("all_events"),
-    ]
+def _least(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
-def _day(t: Column) -> Column:
-    return F.date_from_unix_date(F.floor(t / _DAY_S).cast("int")).cast("string")
-
-
-def _is(kind: str) -> Column:
-    return F.col("ev") == F.lit(kind)
-
-
-def _ratio(part: str, whole: str) -> Column:
-    return F.when(F.col(whole) > 0, F.col(part) / F.col(whole)).otherwise(F.lit(0.0))
-
-
-def _window_t(t: Column, window: str) -> Column:
-    return lc.window_start(t, WINDOWS[window])
-
-
-def _stamp(window_t: Column) -> Column:
-    return F.timestamp_seconds(window_t)
-
-
-def group_counts(events: DataFrame, window: str = "hour") -> DataFrame:
-    """Per topic × group × window (``window_t``, unix s): ``SUMS``; ``group`` is null for the
-    kinds that name no group (``published``, ``deleted``). One aggregation feeds the topics'
-    and the groups' tables."""
-    sums = [F.count(F.when(_is(kind), 1)).alias(kind) for kind in COUNTED_EVENTS]
-    sums.append(F.coalesce(F.sum(F.when(_is("published"), F.col("size"))), F.lit(0)).alias("bytes"))
-    sums.append(F.count(F.when(_is("delivered") & (F.col("attempt") > 1), 1)).alias("redelivered"))
-    sums.extend(F.count(F.when(_is(kind), 1)).alias(kind) for kind in NEWER_EVENTS)
-    return (
-        events.where(F.col("topic").isNotNull())  # old archives' ``deleted`` events carry no topic
-        .withColumn("window_t", _window_t(F.col("t"), window))
-        .groupBy("topic", "group", "window_t")
-        .agg(*sums)
-    )
-
-
-def topic_counts(grouped: DataFrame, window: str = "hour") -> DataFrame:
-    """Per topic × window: ``group_counts`` summed over the groups: the window's start (column
-    ``window_column(window)``), ``day``, ``SUMS``, ``redelivery_ratio``."""
-    return (
-        grouped.groupBy("topic", "window_t")
-        .agg(*(F.sum(name).alias(name) for name in SUMS))
-        .select(
-            "topic",
-            _stamp(F.col("window_t")).alias(window_column(window)),
-            _day(F.col("window_t")).alias("day"),
-            *SUMS,
-            _ratio("redelivered", "delivered").alias("redelivery_ratio"),
-        )
-    )
-
-
-def hourly_counts(events: DataFrame, window: str = "hour") -> DataFrame:
-    """Per topic × window: ``SUMS`` (``COUNTED_EVENTS``, ``bytes``, ``redelivered``,
-    ``NEWER_EVENTS``), ``redelivery_ratio``, ``day``."""
-    return topic_counts(group_counts(events, window), window)
-
-
-def duration_stats(durations: DataFrame) -> DataFrame:
-    """Per topic × metric × window, and per topic × metric overall (``window_t`` null): p50,
-    p95, p99 (nearest rank, exact), ``max``, ``count`` and ``hist`` (counts per
-    ``HIST_BOUNDS_MS`` bucket) of ``lifecycle.durations``' rows.
-
-    One pass for both levels: each value once per level, shuffled by its key and sorted
-    there (the overall percentiles cannot be derived from the windows' ones). It measured
-    the same CPU as Spark's ``percentile_approx`` sketches (which fall back to sorting
-    beyond 128 keys a task anyway), and its percentiles are exact.
-    """
-    key = ("topic", "metric", "window_t")
-    values = durations.select(*key, "value_ms")
-    both = values.unionByName(values.withColumn("window_t", F.lit(None).cast("long")))
-    group = Window.partitionBy(*key)
-    ranked = both.select(
-        *key,
-        "value_ms",
-        F.count("*").over(group).alias("n"),
-        F.row_number().over(group.orderBy("value_ms")).alias("rank"),
-    )
-    value = F.col("value_ms")
-    bucket = sum(
-        ((value > F.lit(float(b))).cast("int") for b in HIST_BOUNDS_MS[1:]), (value > 1.0).cast("int")
-    )
-    hist = F.array(*(F.count(F.when(F.col("bucket") == i, 1)) for i in range(len(HIST_BOUNDS_MS) + 1)))
-
-    def at_rank(p: float) -> Column:
-        rank = F.greatest(F.lit(1), F.ceil(F.col("n") * F.lit(p) - F.lit(1e-9)))
-        return F.max(F.when(F.col("rank") == rank, value))
-
-    return (
-        ranked.withColumn("bucket", bucket)
-        .groupBy(*key)
-        .agg(
-            *(at_rank(p).alias(name) for name, p in PERCENTILES.items()),
-            F.max("value_ms").alias("max"),
-            F.count("*").alias("count"),
-            hist.alias("hist"),
-        )
-    )
-
-
-def _pivot() -> list[Column]:
-    """One row's duration columns from its metrics' rows: ``<metric>_p50_ms`` … ``_max_ms``,
-    ``<metric>_hist``, and ``delayed`` (how many messages had a delay)."""
-    out: list[Column] = []
-    for metric in lc.DURATION_METRICS:
-        mine = F.col("metric") == metric
-        out.extend(F.max(F.when(mine, F.col(name))).alias(f"{metric}_{name}_ms") for name in _STATS)
-        out.append(F.first(F.when(mine, F.col("hist")), ignorenulls=True).alias(f"{metric}_hist"))
-    out.append(
-        F.coalesce(F.sum(F.when(F.col("metric") == "delay", F.col("count"))), F.lit(0)).alias("delayed")
-    )
+def topic_counts(counts: Iterable[CountRow], window: str = "hour") -> list[dict[str, Any]]:
+    """Per topic × window: the counts per group summed over the groups: ``topic``, the
+    window's start (column ``window_column(window)``), ``day``, ``SUMS``,
+    ``redelivery_ratio``; and ``window_t`` (unix s), which the tables leave out."""
+    sums: dict[tuple[str, int], list[int]] = {}
+    for row in counts:
+        _add(sums.setdefault((row.topic, row.window_t), [0] * len(SUMS)), row.sums)
+    column = window_column(window)
+    out: list[dict[str, Any]] = []
+    for (topic, window_t), figures in sorted(sums.items()):
+        out.append({"topic": topic, "window_t": window_t, column: _stamp(window_t), "day": _day(window_t)})
+        out[-1].update(zip(SUMS, figures, strict=True))
+        out[-1]["redelivery_ratio"] = _ratio(out[-1]["redelivered"], out[-1]["delivered"])
     return out
 
 
-def hourly_table(counts: DataFrame, stats: DataFrame, window: str = "hour") -> DataFrame:
-    """``hourly_counts`` with the window's durations (``_pivot``; null without any)."""
-    column = window_column(window)
-    per_window = (
-        stats.where(F.col("window_t").isNotNull())
-        .groupBy("topic", _stamp(F.col("window_t")).alias(column))
-        .agg(*_pivot())
-    )
-    return counts.join(per_window, ["topic", column], "left").withColumn(
-        "delayed", F.coalesce(F.col("delayed"), F.lit(0))
-    )
-
-
-def group_table(grouped: DataFrame, backlog: DataFrame, counts: DataFrame, window: str = "hour") -> DataFrame:
-    """Per topic × group × window: the window's start, ``day``, ``GROUP_SUMS``, ``ready``,
-    ``in_flight``, ``oldest_unacked_age_s`` (``lifecycle.backlog``; its rows: the windows in
-    which the group had an event or an unacked entry), on the days of ``counts``."""
-    group_sums = grouped.where(F.col("group").isNotNull()).select("topic", "group", "window_t", *GROUP_SUMS)
-    column = window_column(window)
-    return (
-        backlog.join(group_sums, ["topic", "group", "window_t"], "left")
-        .select(
-            "topic",
-            "group",
-            _stamp(F.col("window_t")).alias(column),
-            _day(F.col("window_t")).alias("day"),
-            *(F.coalesce(F.col(name), F.lit(0)).alias(name) for name in GROUP_SUMS),
-            "ready",
-            "in_flight",
-            "oldest_unacked_age_s",
+def _pivot(stats: Iterable[StatRow]) -> dict[str, Any]:
+    """One row's duration columns from its metrics' stats: ``<metric>_p50_ms`` … ``_max_ms``,
+    ``<metric>_hist`` (null without values), and ``delayed`` (how many messages had a delay)."""
+    out: dict[str, Any] = {}
+    for metric in DURATION_METRICS:
+        out.update(dict.fromkeys((f"{metric}_{name}_ms" for name in _STATS), None))
+        out[f"{metric}_hist"] = None
+    out["delayed"] = 0
+    for stat in stats:
+        out.update(
+            {f"{stat.metric}_{name}_ms": value for name, value in zip(_STATS, stat.figures, strict=True)}
         )
-        .join(counts.select("day").distinct(), "day", "left_semi")
-    )
+        out[f"{stat.metric}_hist"] = stat.hist
+        if stat.metric == "delay":
+            out["delayed"] = stat.count
+    return out
 
 
-def daily_counts(hourly: DataFrame) -> DataFrame:
-    """Per topic × day: the hours' sums, and the day's redelivery ratio."""
-    return (
-        hourly.groupBy("topic", "day")
-        .agg(*(F.sum(name).alias(name) for name in SUMS))
-        .withColumn("redelivery_ratio", _ratio("redelivered", "delivered"))
-    )
+def hourly_table(counts: Iterable[Mapping[str, Any]], stats: Iterable[StatRow]) -> list[dict[str, Any]]:
+    """``topic_counts``' rows with the window's durations (``_pivot``; null without any)."""
+    per_window: dict[tuple[str, int], list[StatRow]] = {}
+    for stat in stats:
+        if stat.window_t is not None:
+            per_window.setdefault((stat.topic, stat.window_t), []).append(stat)
+    return [{**row, **_pivot(per_window.get((row["topic"], row["window_t"]), ()))} for row in counts]
 
 
-def topic_totals(daily: DataFrame, stats: DataFrame) -> DataFrame:
-    """Per topic: the days' sums, and the overall durations (``_pivot``)."""
-    overall = stats.where(F.col("window_t").isNull()).groupBy("topic").agg(*_pivot())
-    sums = daily.groupBy("topic").agg(*(F.sum(name).alias(name) for name in SUMS))
-    return sums.join(overall, "topic", "left")
+def backlog(
+    parts: Iterable[BacklogRow], window_s: int, windows: Iterable[tuple[str, str, int]] = ()
+) -> dict[tuple[str, str, int], tuple[int, int, float | None]]:
+    """Per topic × group × window (unix s) that ``parts`` or ``windows`` name: ``ready`` and
+    ``in_flight`` at the window's end, and the oldest unacked age in s (None when nothing is
+    unacked).
+
+    ``parts`` are ``kapok.analytics.lifecycle.BacklogParts`` from every task: ready and in
+    flight are running sums of the changes; the oldest unacked entry at a window's end E is
+    the oldest of those still unacked at the input's end that began before E and of those
+    unacked at E that ended later; its age is E − its due time.
+    """
+    merged: dict[tuple[str, str, int], list[Any]] = {key: [0, 0, None, None] for key in windows}
+    for part in parts:
+        mine = merged.setdefault((part.topic, part.group, part.window_t), [0, 0, None, None])
+        mine[0] += part.d_ready
+        mine[1] += part.d_in_flight
+        mine[2] = _least(mine[2], part.open_since)
+        mine[3] = _least(mine[3], part.closed_since)
+    out: dict[tuple[str, str, int], tuple[int, int, float | None]] = {}
+    running: dict[tuple[str, str], list[Any]] = {}
+    for key in sorted(merged):
+        d_ready, d_in_flight, open_since, closed_since = merged[key]
+        state = running.setdefault(key[:2], [0, 0, None])
+        state[0] += d_ready
+        state[1] += d_in_flight
+        state[2] = _least(state[2], open_since)
+        oldest = _least(state[2], closed_since)
+        out[key] = (state[0], state[1], None if oldest is None else key[2] + window_s - oldest)
+    return out
+
+
+def group_table(
+    counts: Iterable[CountRow],
+    backlog_rows: Mapping[tuple[str, str, int], tuple[int, int, float | None]],
+    days: Iterable[str],
+    window: str = "hour",
+) -> list[dict[str, Any]]:
+    """Per topic × group × window of ``backlog_rows`` on ``days``: the window's start,
+    ``day``, ``GROUP_SUMS``, ``ready``, ``in_flight``, ``oldest_unacked_age_s``."""
+    index = [SUMS.index(name) for name in GROUP_SUMS]
+    sums: dict[tuple[str, str, int], list[int]] = {}
+    for count in counts:
+        if count.group is not None:
+            _add(sums.setdefault((count.topic, count.group, count.window_t), [0] * len(SUMS)), count.sums)
+    wanted = set(days)
+    column = window_column(window)
+    out = []
+    for (topic, group, window_t), (ready, in_flight, age) in sorted(backlog_rows.items()):
+        day = _day(window_t)
+        if day not in wanted:
+            continue
+        figures = sums.get((topic, group, window_t), [0] * len(SUMS))
+        row: dict[str, Any] = {"topic": topic, "group": group, column: _stamp(window_t), "day": day}
+        row.update({name: figures[i] for name, i in zip(GROUP_SUMS, index, strict=True)})
+        row.update(ready=ready, in_flight=in_flight, oldest_unacked_age_s=age)
+        out.append(row)
+    return out
+
+
+def daily_counts(hourly: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per topic × day: the windows' sums, and the day's redelivery ratio."""
+    sums: dict[tuple[str, str], list[int]] = {}
+    for row in hourly:
+        _add(sums.setdefault((row["topic"], row["day"]), [0] * len(SUMS)), [row[name] for name in SUMS])
+    out: list[dict[str, Any]] = []
+    for (topic, day), figures in sorted(sums.items()):
+        out.append({"topic": topic, "day": day, **dict(zip(SUMS, figures, strict=True))})
+        out[-1]["redelivery_ratio"] = _ratio(out[-1]["redelivered"], out[-1]["delivered"])
+    return out
+
+
+def topic_totals(daily: Iterable[Mapping[str, Any]], stats: Iterable[StatRow]) -> list[dict[str, Any]]:
+    """Per topic: the days' sums (a column an older table lacks counts 0), and the
+    overall durations (``_pivot``)."""
+    sums: dict[str, list[int]] = {}
+    for row in daily:
+        _add(sums.setdefault(row["topic"], [0] * len(SUMS)), [row.get(name) for name in SUMS])
+    overall: dict[str, list[StatRow]] = {}
+    for stat in stats:
+        if stat.window_t is None:
+            overall.setdefault(stat.topic, []).append(stat)
+    return [
+        {"topic": topic, **dict(zip(SUMS, figures, strict=True)), **_pivot(overall.get(topic, ()))}
+        for topic, figures in sorted(sums.items())
+    ]
+
+
+def last_windows(groups: Iterable[Mapping[str, Any]], window: str) -> list[dict[str, Any]]:
+    """Each group's row of its last window (the backlog the summary shows)."""
+    column = window_column(window)
+    last: dict[tuple[str, str], Mapping[str, Any]] = {}
+    for row in groups:
+        key = (row["topic"], row["group"])
+        if key not in last or row[column] > last[key][column]:
+            last[key] = row
+    return [dict(row) for row in last.values()]
 
 
 # ---------------------------------------------------------------------------------------
@@ -387,10 +374,10 @@ def summary(
     for row in sorted(topics, key=lambda r: str(r["topic"])):
         entry: dict[str, Any] = {name: int(row[name]) for name in SUMMARY_COUNTS}
         entry["latency_ms"] = {name: _ms(row[f"latency_{name}_ms"]) for name in PERCENTILES}
-        for metric in lc.DURATION_METRICS[1:]:
+        for metric in DURATION_METRICS[1:]:
             entry[f"{metric}_ms"] = {name: _ms(row.get(f"{metric}_{name}_ms")) for name in PERCENTILES}
         entry["delayed"] = int(row.get("delayed") or 0)
-        entry["histograms"] = {metric: _hist(row.get(f"{metric}_hist")) for metric in lc.DURATION_METRICS}
+        entry["histograms"] = {metric: _hist(row.get(f"{metric}_hist")) for metric in DURATION_METRICS}
         out_topics[str(row["topic"])] = entry
     out_days = []
     for row in sorted(days, key=lambda r: (str(r["day"]), str(r["topic"]))):

@@ -1,4 +1,4 @@
-"""Each event once, whatever the job's inputs overlap (a pure DataFrame function).
+"""Each event once, whatever the job's inputs overlap (a pure function of an Arrow table).
 
 The job reads every node's archive, masters and slaves: after a takeover the slave's
 archive holds the only copy of its active period. A node archives only the records it
@@ -21,41 +21,30 @@ The rule (docs/analytics.md, "Event schema"):
   Copies agree on all of them; two real events of one kind, one message and one group at
   the same instant with the same attempt do not occur.
 
-Both rules are one ``dropDuplicates`` over the union of the two keys (for a current
-line, the content follows from ``(run, lsn, ev)``; for an old one, ``run`` and ``lsn``
-are null): one shuffle of the events.
+Both rules are one grouping of the events by all their fields (``unique``): copies agree
+in every field, and the key columns are among them (for a current line, the content
+follows from ``(run, lsn, ev)``; for an old one, ``run`` and ``lsn`` are null). The job
+shuffles the events by code first, so a line's copies meet in one task.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from pyspark.sql import DataFrame
+import pyarrow as pa
 
-__all__ = ["KEY_COLUMNS", "read_schema", "unique_events"]
+__all__ = ["KEY_COLUMNS", "unique"]
 
 # The key: (run, lsn, ev) for current lines, the content for older ones (see above).
 KEY_COLUMNS: Final = ("run", "lsn", "ev", "code", "topic", "group", "attempt", "t")
-# Key columns the job's schema may not read for its figures, with their types.
-_KEY_TYPES: Final = {
-    "run": "STRING",
-    "lsn": "LONG",
-    "ev": "STRING",
-    "code": "STRING",
-    "topic": "STRING",
-    "group": "STRING",
-    "attempt": "INT",
-    "t": "DOUBLE",
-}
 
 
-def read_schema(schema: str) -> str:
-    """``schema`` (a DDL string, ``"name TYPE, ..."``) with the key columns it lacks added."""
-    names = {part.strip().split()[0].strip("`").lower() for part in schema.split(",") if part.strip()}
-    extra = [f"`{name}` {kind}" for name, kind in _KEY_TYPES.items() if name not in names]
-    return ", ".join([schema, *extra]) if extra else schema
-
-
-def unique_events(events: DataFrame) -> DataFrame:
-    """``events`` with each event once (``KEY_COLUMNS``: see the module's docstring)."""
-    return events.dropDuplicates(list(KEY_COLUMNS))
+def unique(events: pa.Table) -> pa.Table:
+    """``events`` with each event once (its columns must include ``KEY_COLUMNS``)."""
+    missing = set(KEY_COLUMNS) - set(events.column_names)
+    if missing:
+        raise ValueError(f"the events lack the key columns {sorted(missing)}")
+    if events.num_rows == 0:
+        return events
+    names = events.column_names
+    return events.group_by(names, use_threads=False).aggregate([]).select(names)

@@ -13,23 +13,24 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from pyspark.sql import SparkSession
 
+from kapok.analytics.engine import read_events
 from kapok.analytics.job import run_job
-from kapok.analytics.transforms import EVENT_SCHEMA
-from kapok.analytics.unique import KEY_COLUMNS, read_schema, unique_events
+from kapok.analytics.unique import KEY_COLUMNS, unique
 
 T0 = 1_795_000_000.0
-SCHEMA = read_schema(EVENT_SCHEMA)
 
 
-def _frame(spark: SparkSession, events: list[dict[str, Any]]) -> DataFrame:
-    lines = [json.dumps(e) for e in events]
-    return spark.read.schema(SCHEMA).json(spark.sparkContext.parallelize(lines, 2))
+def _frame(events: list[dict[str, Any]]) -> pa.Table:
+    return read_events("".join(json.dumps(e) + "\n" for e in events).encode())
 
 
-def _keys(frame: DataFrame) -> list[tuple[Any, ...]]:
-    return sorted(tuple(row) for row in frame.select(*KEY_COLUMNS).collect())
+def _keys(table: pa.Table) -> list[tuple[Any, ...]]:
+    return sorted(tuple(row.values()) for row in table.select(list(KEY_COLUMNS)).to_pylist())
 
 
 def _life(run: str, lsn: int, code: str, *, attempts: int = 1) -> list[dict[str, Any]]:
@@ -57,41 +58,37 @@ def _legacy(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in e.items() if k not in ("run", "lsn")} for e in events]
 
 
-def test_read_schema_adds_only_the_key_columns_missing() -> None:
-    assert read_schema("ev STRING, run STRING") == (
-        "ev STRING, run STRING, `lsn` LONG, `code` STRING, `topic` STRING, `group` STRING, `attempt` INT, "
-        "`t` DOUBLE"
-    )
-    full = ", ".join(f"`{c}` STRING" for c in KEY_COLUMNS)
-    assert read_schema(full) == full
+def test_the_key_columns_are_required() -> None:
+    with pytest.raises(ValueError, match="lsn"):
+        unique(pa.table({"run": ["r"], "ev": ["acked"]}))
 
 
-def test_copies_merge_and_real_events_stay_apart(spark: SparkSession) -> None:
+def test_copies_merge_and_real_events_stay_apart() -> None:
     once = _life("r1", 10, "a", attempts=2) + _life("r1", 20, "b")
     # The same archive twice: every line twice; current and old lines alike.
-    assert _keys(unique_events(_frame(spark, once + once))) == _keys(_frame(spark, once))
+    assert _keys(unique(_frame(once + once))) == _keys(_frame(once))
     old = _legacy(once)
-    assert _keys(unique_events(_frame(spark, old + old + old))) == _keys(_frame(spark, old))
+    assert _keys(unique(_frame(old + old + old))) == _keys(_frame(old))
     # Two deliveries of one message in one group: two events (their attempts differ).
-    assert unique_events(_frame(spark, old)).where("ev = 'delivered' AND code = 'a'").count() == 2
+    table = unique(_frame(old))
+    delivered = pc.and_(pc.equal(table["ev"], "delivered"), pc.equal(table["code"], "a"))
+    assert pc.sum(delivered).as_py() == 2
 
 
-def test_the_same_lsn_of_two_runs_is_two_events(spark: SparkSession) -> None:
+def test_the_same_lsn_of_two_runs_is_two_events() -> None:
     # A master whose last records never reached its slave leads again later from the
     # same LSN (a new run): those are other events, even where their content agrees.
     first = _life("r1", 100, "a")
     again = _life("r2", 100, "a")
-    frame = unique_events(_frame(spark, first + again + first))
-    assert frame.count() == len(first) + len(again)
+    assert unique(_frame(first + again + first)).num_rows == len(first) + len(again)
 
 
-def test_a_requeued_dead_letter_delivered_again_is_counted(spark: SparkSession) -> None:
+def test_a_requeued_dead_letter_delivered_again_is_counted() -> None:
     # The republished message has a code of its own: its delivery (attempt 1 again) is new.
     events = _life("r1", 1, "dead") + _life("r1", 20, "again")
     events.append({"ev": "requeued", "code": "dead", "topic": "t", "group": "g", "t": T0 + 5, "run": "r1",
                    "lsn": 19})  # fmt: skip
-    frame = unique_events(_frame(spark, events + events[:3]))
-    assert frame.count() == len(events)
+    assert unique(_frame(events + events[:3])).num_rows == len(events)
 
 
 def _write(directory: Path, events: list[dict[str, Any]]) -> None:

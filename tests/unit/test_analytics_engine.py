@@ -1,4 +1,10 @@
-"""Each transform on a few hand-written rows, with the expected result written out."""
+"""The job's rules on a few hand-written lines, with the expected figures written out.
+
+``kapok.analytics.engine`` does the per-event work (reading, counts, each message's
+life, durations and their statistics) in plain Python and Arrow, and
+``kapok.analytics.transforms`` makes the tables of its figures: both run here in this
+process, with no Spark (``engine.figures_of``: one partition of what the job's tasks do).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +13,9 @@ from bisect import bisect_left
 from datetime import UTC, datetime
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+import pyarrow as pa
 
-from kapok.analytics import lifecycle as lc
+from kapok.analytics import engine
 from kapok.analytics import transforms as tf
 
 H = 3600.0
@@ -18,36 +23,49 @@ DAY = 86400.0
 T0 = datetime(2026, 3, 1, tzinfo=UTC).timestamp()  # a midnight, UTC
 
 
-def _latencies(events: DataFrame, since_t: float | None = None) -> DataFrame:
-    """One row per ack at or after ``since_t`` with a known creation time: ``topic``,
-    ``hour``, ``latency_ms`` (the end-to-end latencies of ``lifecycle.durations``)."""
-    msgs = lc.messages(events)
-    rows = lc.durations(lc.entries(msgs, lc.group_starts(msgs)), msgs, tf.WINDOWS["hour"], since_t)
-    return rows.where(F.col("metric") == "latency").select(
-        "topic", F.timestamp_seconds("window_t").alias("hour"), F.col("value_ms").alias("latency_ms")
+def _lines(*items: dict[str, Any] | str) -> bytes:
+    return "".join((item if isinstance(item, str) else json.dumps(item)) + "\n" for item in items).encode()
+
+
+def _figures(
+    *items: dict[str, Any] | str, window: str = "hour", since_t: float | None = None
+) -> engine.Figures:
+    found, _ = engine.figures_of([_lines(*items)], window_s=tf.WINDOWS[window], since_t=since_t)
+    return found
+
+
+def _durations(*items: dict[str, Any], since_t: float | None = None) -> list[tuple[str, str, int, float]]:
+    """The durations ``engine.lives`` finds: (topic, metric, window_t, value_ms), sorted."""
+    data = _lines(*items)
+    starts = engine.merge_starts([engine.scan(data, since_t)])
+    rows = engine.lives(
+        engine.read_events(data).to_batches(), window_s=int(H), since_t=since_t, days=None, starts=starts
     )
+    table = pa.Table.from_batches(list(rows), schema=engine.OUT_FIELDS)
+    values = [r for r in table.to_pylist() if r["kind"] == "v"]
+    return sorted((r["topic"], r["metric"], r["window_t"], round(r["value"], 6)) for r in values)
 
 
-def _latency_percentiles(latency: DataFrame) -> DataFrame:
-    """``tf.duration_stats`` of ``_latencies``' rows, with ``hour`` (null overall) and ``acks``."""
-    rows = latency.select(
-        "topic",
-        F.col("hour").cast("long").alias("window_t"),
-        F.lit("latency").alias("metric"),
-        F.col("latency_ms").alias("value_ms"),
+def _stats(rows: list[tuple[str, str, int, float]]) -> dict[tuple[str, str, int | None], tf.StatRow]:
+    """``engine.stats`` of duration rows (topic, metric, window_t, value_ms)."""
+    topics, metrics, windows, values = zip(*rows, strict=True)
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "kind": ["v"] * len(rows),
+            "topic": list(topics),
+            "metric": list(metrics),
+            "window_t": list(windows),
+            "value": list(values),
+            "data": [None] * len(rows),
+        },
+        schema=engine.OUT_FIELDS,
     )
-    stats = tf.duration_stats(rows)
-    return stats.select("*", F.timestamp_seconds("window_t").alias("hour"), F.col("count").alias("acks"))
+    found = engine.decode(pa.Table.from_batches(list(engine.stats([batch])), schema=engine.OUT_FIELDS))
+    return {(s.topic, s.metric, s.window_t): s for s in found.stats}
 
 
-def _rows(spark: SparkSession, *items: dict[str, Any] | str) -> DataFrame:
-    """Archive lines as the job reads them (Spark's JSON reader, the event schema)."""
-    values = [item if isinstance(item, str) else json.dumps(item) for item in items]
-    return spark.read.schema(tf.EVENT_SCHEMA).json(spark.sparkContext.parallelize(values, 1))
-
-
-def _events(spark: SparkSession, *items: dict[str, Any]) -> DataFrame:
-    return tf.events_only(_rows(spark, *items))
+def _hourly(found: engine.Figures, window: str = "hour") -> list[dict[str, Any]]:
+    return tf.hourly_table(tf.topic_counts(found.counts, window), found.stats)
 
 
 def _pub(code: str, topic: str, t: float, size: int = 10) -> dict[str, Any]:
@@ -58,26 +76,31 @@ def _ev(kind: str, code: str, topic: str, t: float, **more: Any) -> dict[str, An
     return {"ev": kind, "code": code, "topic": topic, "group": "g", "t": t, **more}
 
 
-def test_torn_and_foreign_lines_are_counted_not_events(spark: SparkSession) -> None:
-    rows = _rows(
-        spark, _pub("a", "t", T0), '{"ev":"acked","code":"a","to', '{"ev":"acked","t":1', '{"no": 1}', "[1]"
+def test_torn_and_foreign_lines_are_counted_not_events() -> None:
+    data = _lines(
+        _pub("a", "t", T0), '{"ev":"acked","code":"a","to', '{"ev":"acked","t":1', '{"no": 1}', "[1]"
     )
-    totals = rows.agg(*tf.line_metrics(None)).first()
-    assert totals is not None
-    assert (totals["skipped"], totals["events"], totals["all_events"]) == (4, 1, 1)
-    assert [r["code"] for r in tf.events_only(rows).collect()] == ["a"]
+    scan = engine.scan(data, None)
+    assert (scan.skipped, scan.events, scan.all_events) == (4, 1, 1)
+    assert engine.read_events(data)["code"].to_pylist() == ["a"]
 
 
-def test_line_metrics_and_events_since_share_the_window(spark: SparkSession) -> None:
-    rows = _rows(spark, _pub("a", "t", T0), _pub("b", "t", T0 + 10), _pub("c", "t", T0 + 20))
-    totals = rows.agg(*tf.line_metrics(T0 + 10)).first()
-    assert totals is not None and (totals["events"], totals["all_events"]) == (2, 3)
-    assert sorted(r["code"] for r in tf.events_since(tf.events_only(rows), T0 + 10).collect()) == ["b", "c"]
+def test_a_field_of_another_type_is_null_and_the_rest_of_the_line_counts() -> None:
+    data = _lines(_pub("a", "t", T0), {**_pub("b", "t", T0), "size": "big"}, {"ev": 3, "t": T0}, "")
+    table, bad = engine.parse_lines(data)
+    assert bad == 0 and table["size"].to_pylist() == [10, None, None]
+    assert engine.read_events(data)["code"].to_pylist() == ["a", "b"]  # the third has no ``ev``
 
 
-def test_hourly_counts_count_each_kind_in_the_hour_of_its_own_time(spark: SparkSession) -> None:
-    events = _events(
-        spark,
+def test_line_totals_and_the_events_counted_share_the_window() -> None:
+    items = (_pub("a", "t", T0), _pub("b", "t", T0 + 10), _pub("c", "t", T0 + 20))
+    scan = engine.scan(_lines(*items), T0 + 10)
+    assert (scan.events, scan.all_events, scan.first_t, scan.last_t) == (2, 3, T0, T0 + 20)
+    assert _figures(*items, since_t=T0 + 10).events == 2
+
+
+def test_hourly_counts_count_each_kind_in_the_hour_of_its_own_time() -> None:
+    found = _figures(
         _pub("a", "t", T0 + 10, size=100),
         _ev("delivered", "a", "t", T0 + 11, attempt=1),
         _ev("retried", "a", "t", T0 + 12, reason="nack"),
@@ -90,10 +113,7 @@ def test_hourly_counts_count_each_kind_in_the_hour_of_its_own_time(spark: SparkS
         {"ev": "deleted", "code": "a", "t": T0 + 60},  # no topic: not counted
         _pub("x", "u", T0 + DAY + 5, size=7),  # another topic, the next day
     )
-    rows = {
-        (r["topic"], int(r["hour_s"])): r.asDict()
-        for r in tf.hourly_counts(events).withColumn("hour_s", F.col("hour").cast("long")).collect()
-    }
+    rows = {(r["topic"], r["window_t"]): r for r in tf.topic_counts(found.counts)}
     first = rows[("t", int(T0))]
     assert {k: first[k] for k in (*tf.COUNTED_EVENTS, "bytes", "redelivered")} == {
         "published": 2,
@@ -107,6 +127,7 @@ def test_hourly_counts_count_each_kind_in_the_hour_of_its_own_time(spark: SparkS
         "redelivered": 1,
     }
     assert first["redelivery_ratio"] == 0.5 and first["day"] == "2026-03-01"
+    assert first["hour"] == datetime.fromtimestamp(T0, UTC)
     second = rows[("t", int(T0 + H))]
     assert (second["acked"], second["published"], second["bytes"], second["redelivery_ratio"]) == (
         1,
@@ -118,11 +139,8 @@ def test_hourly_counts_count_each_kind_in_the_hour_of_its_own_time(spark: SparkS
     assert len(rows) == 3
 
 
-def test_each_kind_counts_as_itself_requeues_have_no_latency_deletes_are_not_drops(
-    spark: SparkSession,
-) -> None:
-    events = _events(
-        spark,
+def test_each_kind_counts_as_itself_requeues_have_no_latency_deletes_are_not_drops() -> None:
+    items = (
         _pub("a", "t", T0),
         _ev("delivered", "a", "t", T0 + 1, attempt=1),
         _ev("retried", "a", "t", T0 + 2, reason="recovery", attempt=1),
@@ -135,7 +153,8 @@ def test_each_kind_counts_as_itself_requeues_have_no_latency_deletes_are_not_dro
         _ev("dropped", "c", "t", T0 + 6),  # overflow
         {"ev": "deleted", "code": "old", "t": T0 + 7},  # an old archive's: no topic, not counted
     )
-    rows = {r["topic"]: r.asDict() for r in tf.hourly_counts(events).collect()}
+    found = _figures(*items)
+    rows = {r["topic"]: r for r in tf.topic_counts(found.counts)}
     names = ("published", "acked", "retried", "dead_lettered", "expired", "dropped", "requeued", "deleted")
     assert {k: rows["t"][k] for k in names} == {
         "published": 2,
@@ -148,16 +167,13 @@ def test_each_kind_counts_as_itself_requeues_have_no_latency_deletes_are_not_dro
         "deleted": 1,
     }
     assert (rows["t.dlq"]["requeued"], rows["t.dlq"]["acked"]) == (1, 0)
-    assert _latencies(events).count() == 0
-    none = _latency_percentiles(spark.createDataFrame([], "topic STRING, hour TIMESTAMP, latency_ms DOUBLE"))
-    hourly = tf.hourly_table(tf.hourly_counts(events), none)
-    [total] = tf.topic_totals(tf.daily_counts(hourly), none).where(F.col("topic") == "t").collect()
+    assert [d for d in _durations(*items) if d[1] == "latency"] == []
+    [total] = [r for r in tf.topic_totals(tf.daily_counts(_hourly(found)), found.stats) if r["topic"] == "t"]
     assert (total["deleted"], total["dropped"], total["requeued"]) == (1, 1, 0)
 
 
-def test_latency_is_ack_minus_creation_in_the_hour_of_the_ack(spark: SparkSession) -> None:
-    events = _events(
-        spark,
+def test_latency_is_ack_minus_creation_in_the_hour_of_the_ack() -> None:
+    items = (
         _pub("a", "t", T0),
         _pub("b", "t", T0 + 1.5),
         _pub("b", "t", T0 + 1.5),  # the same archive read twice: one latency
@@ -171,39 +187,38 @@ def test_latency_is_ack_minus_creation_in_the_hour_of_the_ack(spark: SparkSessio
     )
 
     def rows(since: float | None) -> list[tuple[str, int, float]]:
-        frame = _latencies(events, since).withColumn("hour_s", F.col("hour").cast("long"))
-        return sorted((r["topic"], int(r["hour_s"]), round(r["latency_ms"], 6)) for r in frame.collect())
+        return [(t, w, v) for t, metric, w, v in _durations(*items, since_t=since) if metric == "latency"]
 
     after = [("t", int(T0), 500.0), ("t", int(T0 + H), 3600250.0), ("t", int(T0 + H), 3600500.0)]
     assert rows(None) == [("t", int(T0 - H), 10000.0), *after]
     assert rows(T0) == after  # acks in the window, their publish before it
 
 
-def test_percentiles_per_hour_and_per_topic_in_one_pass(spark: SparkSession) -> None:
-    rows = [("t", datetime.fromtimestamp(T0, UTC), float(v)) for v in range(1, 101)]
-    rows += [("t", datetime.fromtimestamp(T0 + H, UTC), 1000.0), ("u", datetime.fromtimestamp(T0, UTC), 7.0)]
-    latency = spark.createDataFrame(rows, "topic STRING, hour TIMESTAMP, latency_ms DOUBLE")
-    out = {
-        (r["topic"], None if r["hour_s"] is None else int(r["hour_s"])): r.asDict()
-        for r in _latency_percentiles(latency).withColumn("hour_s", F.col("hour").cast("long")).collect()
+def test_percentiles_per_hour_and_per_topic_in_one_pass() -> None:
+    rows = [("t", "latency", int(T0), float(v)) for v in range(100, 0, -1)]
+    rows += [("t", "latency", int(T0 + H), 1000.0), ("u", "latency", int(T0), 7.0)]
+    out = _stats(rows)
+    assert set(out) == {
+        ("t", "latency", int(T0)),
+        ("t", "latency", int(T0 + H)),
+        ("t", "latency", None),
+        ("u", "latency", int(T0)),
+        ("u", "latency", None),
     }
-    assert set(out) == {("t", int(T0)), ("t", int(T0 + H)), ("t", None), ("u", int(T0)), ("u", None)}
-    hour = out[("t", int(T0))]
-    assert (hour["p50"], hour["p95"], hour["p99"], hour["max"], hour["acks"]) == (
-        50.0,
-        95.0,
-        99.0,
+    hour = out[("t", "latency", int(T0))]
+    assert (*hour.figures, hour.count) == (50.0, 95.0, 99.0, 100.0, 100)
+    overall = out[("t", "latency", None)]
+    assert (overall.figures[0], overall.figures[2], overall.figures[3], overall.count) == (
+        51.0,
         100.0,
-        100,
+        1000.0,
+        101,
     )
-    overall = out[("t", None)]
-    assert (overall["p50"], overall["p99"], overall["max"], overall["acks"]) == (51.0, 100.0, 1000.0, 101)
-    assert out[("u", None)]["p95"] == 7.0
+    assert out[("u", "latency", None)].figures[1] == 7.0
 
 
-def test_days_and_topics_sum_the_hours_exactly(spark: SparkSession) -> None:
-    events = _events(
-        spark,
+def test_days_and_topics_sum_the_hours_exactly() -> None:
+    found = _figures(
         _pub("a", "t", T0 + 10, size=3),
         _pub("b", "t", T0 + H + 10, size=4),
         _ev("delivered", "a", "t", T0 + 20, attempt=1),
@@ -211,17 +226,14 @@ def test_days_and_topics_sum_the_hours_exactly(spark: SparkSession) -> None:
         _ev("acked", "a", "t", T0 + H + 30),
         _pub("c", "t", T0 + DAY, size=5),
     )
-    percentiles = _latency_percentiles(_latencies(events))
-    hourly = tf.hourly_table(tf.hourly_counts(events), percentiles)
-    lat = {
-        int(r["h"]): r["latency_p50_ms"] for r in hourly.withColumn("h", F.col("hour").cast("long")).collect()
-    }
+    hourly = _hourly(found)
+    lat = {r["window_t"]: r["latency_p50_ms"] for r in hourly}
     assert lat == {int(T0): None, int(T0 + H): (H + 20) * 1000.0, int(T0 + DAY): None}
-    daily = {r["day"]: r.asDict() for r in tf.daily_counts(hourly).collect()}
+    daily = {r["day"]: r for r in tf.daily_counts(hourly)}
     assert (daily["2026-03-01"]["published"], daily["2026-03-01"]["bytes"]) == (2, 7)
     assert (daily["2026-03-01"]["delivered"], daily["2026-03-01"]["redelivery_ratio"]) == (2, 0.5)
     assert (daily["2026-03-02"]["published"], daily["2026-03-02"]["delivered"]) == (1, 0)
-    [total] = tf.topic_totals(tf.daily_counts(hourly), percentiles).collect()
+    [total] = tf.topic_totals(tf.daily_counts(hourly), found.stats)
     assert (total["published"], total["bytes"], total["acked"]) == (3, 12, 1)
     assert total["latency_p99_ms"] == (H + 20) * 1000.0
 
@@ -265,7 +277,7 @@ def test_summary_has_the_consoles_shape() -> None:
 
 def test_summary_adds_the_latency_split_histograms_and_each_groups_last_backlog() -> None:
     topic: dict[str, Any] = {"topic": "t", **dict.fromkeys(tf.SUMS, 0)}
-    for metric in lc.DURATION_METRICS:
+    for metric in tf.DURATION_METRICS:
         topic.update({f"{metric}_{p}_ms": 2.0 for p in ("p50", "p95", "p99", "max")})
         topic[f"{metric}_hist"] = [0] * 18 + [1]
     topic.update(delayed=4, queue_wait_p99_ms=7.00049)
@@ -278,9 +290,9 @@ def test_summary_adds_the_latency_split_histograms_and_each_groups_last_backlog(
         "oldest_unacked_age_s": 90.12345,
         **dict.fromkeys(tf.GROUP_SUMS, 1),
     }
-    out = tf.summary(
-        [topic], [], "x", [group, {**group, "group": "a", "oldest_unacked_age_s": None}], "minute"
-    )
+    earlier = {**group, "minute": datetime.fromtimestamp(T0, UTC), "ready": 9}
+    last = tf.last_windows([earlier, group, {**group, "group": "a", "oldest_unacked_age_s": None}], "minute")
+    out = tf.summary([topic], [], "x", last, "minute")
     entry = out["topics"]["t"]
     assert entry["queue_wait_ms"] == {"p50": 2.0, "p95": 2.0, "p99": 7.0}
     assert (entry["delayed"], entry["histograms"]["delay"]) == (4, [0] * 18 + [1])
@@ -307,14 +319,15 @@ def test_summary_adds_the_latency_split_histograms_and_each_groups_last_backlog(
     ]
 
 
-def _figures(spark: SparkSession, window: str, *items: dict[str, Any]) -> tuple[DataFrame, DataFrame]:
-    """The job's per-code figures: (entries, messages)."""
-    msgs = lc.messages(_events(spark, *items))
-    return lc.entries(msgs, lc.group_starts(msgs)), msgs
+def _backlog(
+    found: engine.Figures, window_s: int
+) -> dict[tuple[str, str, int], tuple[int, int, float | None]]:
+    windows = [(c.topic, c.group, c.window_t) for c in found.counts if c.group is not None]
+    return tf.backlog(found.parts, window_s, windows)
 
 
-def test_backlog_at_each_window_end_ready_in_flight_and_oldest_unacked(spark: SparkSession) -> None:
-    items = (
+def test_backlog_at_each_window_end_ready_in_flight_and_oldest_unacked() -> None:
+    found = _figures(
         _pub("a", "t", T0 + 10),
         _ev("delivered", "a", "t", T0 + 20, attempt=1),
         _ev("retried", "a", "t", T0 + 30, attempt=1, reason="nack"),
@@ -328,20 +341,15 @@ def test_backlog_at_each_window_end_ready_in_flight_and_oldest_unacked(spark: Sp
         _pub("d", "t", T0 + 3 * H),  # still ready at the input's end
         _pub("z", "t", T0 + 5),  # before g's first event, never touched: not g's
     )
-    entries, _ = _figures(spark, "hour", *items)
-    grouped = tf.group_counts(_events(spark, *items))
-    rows = lc.backlog(entries, int(H), grouped.where(F.col("group").isNotNull()))
-    got = {
-        int(r["window_t"] - T0) // int(H): (r["ready"], r["in_flight"], r["oldest_unacked_age_s"])
-        for r in rows.collect()
-    }
+    rows = _backlog(found, int(H))
+    got = {int(window_t - T0) // int(H): figures for (_, _, window_t), figures in rows.items()}
     assert got == {
         0: (2, 1, H - 10),  # a (requeued) and c ready, b in flight; a is the oldest (due T0+10)
         1: (0, 1, 2 * H - 40),  # a acked, c deleted; b still in flight
         2: (0, 0, None),
         3: (1, 0, H),  # d, due at the window's start
     }
-    table = tf.group_table(grouped, rows, tf.hourly_counts(_events(spark, *items)))
+    table = tf.group_table(found.counts, rows, {"2026-03-01"})
     counts = {
         int(r["hour"].timestamp() - T0) // int(H): (
             r["delivered"],
@@ -349,33 +357,28 @@ def test_backlog_at_each_window_end_ready_in_flight_and_oldest_unacked(spark: Sp
             r["acked"],
             r["redelivered"],
         )
-        for r in table.collect()
+        for r in table
     }
     assert counts == {0: (2, 1, 0, 0), 1: (1, 0, 1, 1), 2: (0, 0, 1, 0), 3: (0, 0, 0, 0)}
-    assert {r["day"] for r in table.collect()} == {"2026-03-01"}
+    assert {r["day"] for r in table} == {"2026-03-01"}
+    assert tf.group_table(found.counts, rows, {"2026-03-02"}) == []  # only the days counted
 
 
-def test_backlog_in_minute_windows_and_a_redelivery_without_requeue(spark: SparkSession) -> None:
+def test_backlog_in_minute_windows_and_a_redelivery_without_requeue() -> None:
     # An archive written before ``retried`` covered recovery: a second delivery while in flight.
-    entries, _ = _figures(
-        spark,
-        "minute",
+    found = _figures(
         _pub("a", "t", T0),
         _ev("delivered", "a", "t", T0 + 1, attempt=1),
         _ev("delivered", "a", "t", T0 + 61, attempt=2),
         _ev("acked", "a", "t", T0 + 150),
+        window="minute",
     )
-    got = {
-        int(r["window_t"] - T0): (r["ready"], r["in_flight"], r["oldest_unacked_age_s"])
-        for r in lc.backlog(entries, 60).collect()
-    }
+    got = {int(window_t - T0): figures for (_, _, window_t), figures in _backlog(found, 60).items()}
     assert got == {0: (0, 1, 60.0), 60: (0, 1, 120.0), 120: (0, 0, None)}
 
 
-def test_queue_wait_excludes_the_delay_processing_is_from_the_acked_delivery(spark: SparkSession) -> None:
-    entries, msgs = _figures(
-        spark,
-        "hour",
+def test_queue_wait_excludes_the_delay_processing_is_from_the_acked_delivery() -> None:
+    items = (
         {**_pub("e", "t", T0 + 100), "deliver_at": T0 + 160},  # published with a 60 s delay
         _ev("delivered", "e", "t", T0 + 170, attempt=1),
         _ev("acked", "e", "t", T0 + 175),
@@ -386,9 +389,8 @@ def test_queue_wait_excludes_the_delay_processing_is_from_the_acked_delivery(spa
         _ev("acked", "f", "t", T0 + 212),
         _ev("acked", "f", "t", T0 + 230, group="other"),  # no delivery of its own in the input
     )
-    rows = lc.durations(entries, msgs, int(H), None).collect()
-    got = sorted((r["metric"], round(r["value_ms"], 3)) for r in rows)
-    assert got == [
+    rows = _durations(*items)
+    assert sorted((metric, round(value, 3)) for _, metric, _, value in rows) == [
         ("delay", 60000.0),
         ("latency", 12000.0),
         ("latency", 30000.0),
@@ -398,36 +400,33 @@ def test_queue_wait_excludes_the_delay_processing_is_from_the_acked_delivery(spa
         ("queue_wait", 1000.0),
         ("queue_wait", 10000.0),
     ]
-    assert {int(r["window_t"]) for r in rows} == {int(T0)}
-    assert lc.durations(entries, msgs, int(H), T0 + 205).where(F.col("metric") == "queue_wait").count() == 0
+    assert {window_t for _, _, window_t, _ in rows} == {int(T0)}
+    assert [r for r in _durations(*items, since_t=T0 + 205) if r[1] == "queue_wait"] == []
 
 
-def test_histograms_count_each_value_in_its_log_spaced_bucket(spark: SparkSession) -> None:
+def test_histograms_count_each_value_in_its_log_spaced_bucket() -> None:
     values = [0.2, 1.0, 1.5, 5000.0, 5000.1, 600000.0, 600001.0, 1e9]
-    rows = [("t", int(T0), "latency", v) for v in values] + [("t", int(T0 + H), "delay", 3.0)]
-    stats = tf.duration_stats(
-        spark.createDataFrame(rows, "topic STRING, window_t LONG, metric STRING, value_ms DOUBLE")
-    )
-    out = {(r["metric"], r["window_t"]): r.asDict() for r in stats.collect()}
-    hist = out[("latency", int(T0))]["hist"]
+    out = _stats([("t", "latency", int(T0), v) for v in values] + [("t", "delay", int(T0 + H), 3.0)])
+    hist = list(out[("t", "latency", int(T0))].hist)
     assert len(hist) == len(tf.HIST_BOUNDS_MS) + 1 == 19
     expected = [0] * 19
     for v in values:
         expected[bisect_left(tf.HIST_BOUNDS_MS, v)] += 1
     assert hist == expected
     assert (hist[0], hist[1], hist[11], hist[12], hist[17], hist[18]) == (2, 1, 1, 1, 1, 2)
-    assert out[("latency", None)]["hist"] == hist and out[("latency", None)]["count"] == 8
-    assert out[("delay", None)]["hist"][2] == 1 and out[("delay", None)]["p50"] == 3.0
+    assert list(out[("t", "latency", None)].hist) == hist and out[("t", "latency", None)].count == 8
+    delay = out[("t", "delay", None)]
+    assert delay.hist[2] == 1 and delay.figures[0] == 3.0
 
 
-def test_windows_of_a_minute_or_a_day(spark: SparkSession) -> None:
-    events = _events(spark, _pub("a", "t", T0 + 59), _pub("b", "t", T0 + 61), _pub("c", "t", T0 + DAY + 1))
+def test_windows_of_a_minute_or_a_day() -> None:
+    items = (_pub("a", "t", T0 + 59), _pub("b", "t", T0 + 61), _pub("c", "t", T0 + DAY + 1))
     minutes = {
         int(r["minute"].timestamp() - T0): r["published"]
-        for r in tf.hourly_counts(events, "minute").collect()
+        for r in tf.topic_counts(_figures(*items, window="minute").counts, "minute")
     }
     assert minutes == {0: 1, 60: 1, int(DAY): 1}
-    days = tf.hourly_counts(events, "day").collect()
+    days = tf.topic_counts(_figures(*items, window="day").counts, "day")
     assert {(int(r["day_start"].timestamp() - T0), r["day"], r["published"]) for r in days} == {
         (0, "2026-03-01", 2),
         (int(DAY), "2026-03-02", 1),
@@ -435,15 +434,13 @@ def test_windows_of_a_minute_or_a_day(spark: SparkSession) -> None:
     assert tf.table_names("hour") == ("hourly", "groups") and tf.table_names("minute")[0] == "by_minute"
 
 
-def test_the_windows_table_carries_the_latency_split_and_delays(spark: SparkSession) -> None:
-    items = (
+def test_the_windows_table_carries_the_latency_split_and_delays() -> None:
+    found = _figures(
         {**_pub("e", "t", T0 + 100), "deliver_at": T0 + 160},
         _ev("delivered", "e", "t", T0 + 170, attempt=1),
         _ev("acked", "e", "t", T0 + 175),
     )
-    entries, msgs = _figures(spark, "hour", *items)
-    stats = tf.duration_stats(lc.durations(entries, msgs, int(H), None))
-    [row] = tf.hourly_table(tf.hourly_counts(_events(spark, *items)), stats).collect()
+    [row] = _hourly(found)
     assert (row["latency_p50_ms"], row["queue_wait_p99_ms"], row["processing_max_ms"]) == (
         75000.0,
         10000.0,
@@ -451,7 +448,5 @@ def test_the_windows_table_carries_the_latency_split_and_delays(spark: SparkSess
     )
     assert (row["delayed"], row["delay_p50_ms"]) == (1, 60000.0)
     assert row["queue_wait_hist"][bisect_left(tf.HIST_BOUNDS_MS, 10000.0)] == 1
-    [total] = tf.topic_totals(
-        tf.daily_counts(tf.hourly_table(tf.hourly_counts(_events(spark, *items)), stats)), stats
-    ).collect()
+    [total] = tf.topic_totals(tf.daily_counts([row]), found.stats)
     assert (total["delayed"], total["processing_p50_ms"], total["latency_hist"][15]) == (1, 5000.0, 1)
