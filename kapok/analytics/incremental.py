@@ -2,8 +2,8 @@
 
 A run lists the input files with their sizes and mtimes (local files from the file
 system, URIs through Spark's Hadoop client), reads the ledger beside the output, scans
-the new files for their first and last event time (``job.scan_files``), and runs the job restricted to the days those touch. With
-nothing new, no job runs. The ledger is written last.
+the new files for their first and last event time (``job.scan_files``), and runs the
+job restricted to the days those touch. With nothing new, no job runs. The ledger is written last.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def scan_files(spark: SparkSession, files: Mapping[str, FileStamp]) -> dict[str,
     """Each file's first and last event time: one pass over the files given (``job.scan_files``)."""
     from kapok.analytics import job
 
-    scans = job.scan_files(job.archive_files(spark, list(files)), None)
+    scans = job.scan_files(job.archive_files(spark, list(files)))
     times = {file_key(name): (scan.first_t, scan.last_t) for name, scan in scans.items()}
     return {path: FileSpan(stamp, *times.get(path, (None, None))) for path, stamp in files.items()}
 

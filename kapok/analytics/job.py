@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 import os
-import pickle
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -45,11 +44,12 @@ from typing import Any, Final
 import orjson
 import pyarrow as pa
 from py4j.protocol import Py4JError
+from pyspark import StorageLevel
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from kapok.analytics import engine
+from kapok.analytics import engine, reading
 from kapok.analytics import transforms as tf
 from kapok.analytics.session import first_line
 from kapok.errors import AnalyticsError
@@ -107,25 +107,17 @@ def _run(
     days: Sequence[str] | None = None,
     window: str = "hour",
 ) -> JobResult:
-    files = archive_files(spark, sources)
     # A window is widened to whole days: every day partition it touches is recomputed
     # from all of that day's events the archive still holds, never from a part of them.
     since_t = None if since_t is None else math.floor(since_t / DAY_S) * DAY_S
-    window_s = tf.WINDOWS[window]
-    scans = scan_files(files, since_t)
+    with _read(spark, sources, since_t) as read:
+        scans = _scans(read)
+        figures = _figures(read, since_t, window, days, engine.merge_starts(scans.values()))
     file_times = {name: (scan.first_t, scan.last_t) for name, scan in scans.items()}
     skipped = sum(scan.skipped for scan in scans.values())
     count = sum(scan.events for scan in scans.values())
     if skipped and not any(scan.all_events for scan in scans.values()):
         raise AnalyticsError(f"not an archive: none of the {skipped} lines read is a lifecycle event")
-    figures = _figures(
-        spark,
-        files,
-        window_s=window_s,
-        since_t=since_t,
-        days=days,
-        starts=engine.merge_starts(scans.values()),
-    )
     unique = figures.events
     repeated, count = count - unique, unique
     progress(
@@ -136,7 +128,7 @@ def _run(
     counts, stats, parts = figures.counts, figures.stats, figures.parts
     hourly = tf.hourly_table(tf.topic_counts(counts, window), stats)
     windows = [(row.topic, row.group, row.window_t) for row in counts if row.group is not None]
-    backlog = tf.backlog(parts, window_s, windows)
+    backlog = tf.backlog(parts, tf.WINDOWS[window], windows)
     groups = tf.group_table(counts, backlog, {row["day"] for row in hourly}, window)
     daily = tf.daily_counts(hourly)
     kept = _partial_days(spark, output, hourly, daily, window)
@@ -171,7 +163,6 @@ def _run(
     return JobResult(output, count, skipped, len(topic_rows), len(hourly), summary, tuple(kept), file_times)
 
 
-_SCAN_DDL = "file STRING, scan BINARY"
 _COUNTS_DDL = ", ".join(
     ["topic STRING", "`group` STRING", "window_t LONG", *(f"`{name}` LONG" for name in tf.SUMS)]
 )
@@ -191,55 +182,75 @@ def archive_files(spark: SparkSession, sources: Sequence[str]) -> DataFrame | No
     return spark.read.format("binaryFile").load(list(sources)).select("path", "content") if sources else None
 
 
-def scan_files(files: DataFrame | None, since_t: float | None) -> dict[str, engine.FileScan]:
-    """Each file's ``engine.FileScan`` (one pass, in the executors), by its name as Spark gives it."""
+def scan_files(files: DataFrame | None) -> dict[str, reading.FileScan]:
+    """Each file's ``reading.FileScan`` (one pass, in Spark's tasks), by its name as Spark gives it."""
     if files is None:
         return {}
 
-    def scan_files(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def scan(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            names = batch["path"].to_pylist()
-            scans = [pickle.dumps(engine.scan(data, since_t)) for data in batch["content"].to_pylist()]
-            yield pa.RecordBatch.from_pydict({"file": names, "scan": scans})
+            for name, data in zip(batch["path"].to_pylist(), batch["content"].to_pylist(), strict=True):
+                yield reading.read_file(name, data, None, 0)
 
-    # A scan crosses from the executors pickled: a few numbers and a few (topic, group) starts.
-    rows = files.mapInArrow(scan_files, _SCAN_DDL).toArrow()
+    return _scans(files.mapInArrow(scan, reading.BLOB_DDL))
+
+
+@contextmanager
+def _read(spark: SparkSession, sources: Sequence[str], since_t: float | None) -> Iterator[DataFrame | None]:
+    """Every file of ``sources`` read once (``reading.read_file``: its scan, its events in
+    buckets), kept by Spark for the job's two passes (None without files)."""
+    files = archive_files(spark, sources)
+    if files is None:
+        yield None
+        return
+    # More buckets than tasks: Spark hashes a bucket to its task, and some tasks get two.
+    buckets = 4 * int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for name, data in zip(batch["path"].to_pylist(), batch["content"].to_pylist(), strict=True):
+                yield reading.read_file(name, data, since_t, buckets)
+
+    read_once = files.mapInArrow(read, reading.BLOB_DDL).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        yield read_once
+    finally:
+        read_once.unpersist()
+
+
+def _scans(rows: DataFrame | None) -> dict[str, reading.FileScan]:
+    if rows is None:
+        return {}
+    scans = rows.where(F.col("kind") == "scan").select("name", "blob").toArrow()
     return {
-        name: pickle.loads(data)
-        for name, data in zip(rows["file"].to_pylist(), rows["scan"].to_pylist(), strict=True)
+        name: reading.file_scan(blob)
+        for name, blob in zip(scans["name"].to_pylist(), scans["blob"].to_pylist(), strict=True)
     }
 
 
 def _figures(
-    spark: SparkSession,
-    files: DataFrame | None,
-    *,
-    window_s: int,
+    read: DataFrame | None,
     since_t: float | None,
+    window: str,
     days: Sequence[str] | None,
     starts: Mapping[str, Mapping[str, float]],
 ) -> engine.Figures:
-    """The engine's figures of ``files``: one pass in Spark's tasks (read, shuffled by code,
-    ``engine.lives``, shuffled by topic × metric, ``engine.stats``), as ``engine.figures_of``
-    computes them in one process."""
-    if files is None:
-        empty = engine.OUT_FIELDS.empty_table()  # a node that has archived nothing yet
-        return engine.decode(empty)
-    tasks = int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
-
-    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for data in batch["content"].to_pylist():
-                yield from engine.read_events(data).to_batches()
+    """The engine's figures of ``read``'s events: its buckets shuffled to the tasks,
+    ``engine.lives``, the durations shuffled by topic × metric, ``engine.stats``: as
+    ``engine.figures_of`` computes them in one process."""
+    if read is None:  # a node that has archived nothing yet
+        return engine.decode(engine.OUT_FIELDS.empty_table())
+    tasks = read.sparkSession.conf.get("spark.sql.shuffle.partitions") or "2"
 
     def lives(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return engine.lives(batches, window_s=window_s, since_t=since_t, days=days, starts=starts)
+        events = reading.events_of(blob for batch in batches for blob in batch["blob"].to_pylist())
+        return engine.lives(events, window_s=tf.WINDOWS[window], since_t=since_t, days=days, starts=starts)
 
     rows = (
-        files.mapInArrow(read, engine.EVENT_DDL)
-        .repartition(tasks, "code")
+        read.where(F.col("kind") == "events")
+        .repartition(int(tasks), "key")
         .mapInArrow(lives, engine.OUT_DDL)
-        .repartition(tasks, "topic", "metric")
+        .repartition(int(tasks), "topic", "metric")
         .mapInArrow(engine.stats, engine.OUT_DDL)
         .toArrow()
     )

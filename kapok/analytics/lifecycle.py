@@ -15,7 +15,7 @@ events: ``published``, ``deleted`` and those that name a group):
   and ended being unacked, its first delivery, its ack and the delivery the ack ended.
 
 What it gathers: the durations (end-to-end latency, queue wait and processing per entry,
-the intentional delay per message) as ``(topic, metric, window_t, value_ms)``, and per
+the intentional delay per message) per topic × metric, by window, in ms; and per
 topic × group × window the sum of the state changes and the oldest due time of the
 entries unacked at the window's end (``BacklogParts``), which
 ``kapok.analytics.transforms.backlog`` turns into running figures.
@@ -60,7 +60,8 @@ class Lives:
         self.since_t = since_t
         self.starts = starts  # per topic, per group: the time of the group's first event
         self.backlog: BacklogParts = {}
-        self.values: list[tuple[str, str, int, float]] = []  # topic, metric, window_t, value_ms
+        # per (topic, metric): the durations' windows (unix s) and values (ms)
+        self.values: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
 
     def _w(self, t: float) -> int:
         return math.floor(t / self.window_s) * self.window_s
@@ -68,7 +69,11 @@ class Lives:
     def _value(self, topic: str, metric: str, at: float | None, start: float | None) -> None:
         if at is None or start is None or (self.since_t is not None and at < self.since_t):
             return
-        self.values.append((topic, metric, self._w(at), (at - start) * 1000.0))
+        found = self.values.get((topic, metric))
+        if found is None:
+            found = self.values[(topic, metric)] = ([], [])
+        found[0].append(self._w(at))
+        found[1].append((at - start) * 1000.0)
 
     def _parts(self, topic: str, group: str, window_t: int) -> list[Any]:
         parts = self.backlog.get((topic, group, window_t))

@@ -54,6 +54,12 @@ def require_runtime() -> None:
         raise AnalyticsError(f"Spark needs Java, and there is none ({where}): {JAVA_HINT}")
 
 
+# The JIT's first tier only: the job's per-event work runs in Python (kapok.analytics.engine),
+# so the JVM runs little code often enough to repay C2's optimizing compiles, which cost
+# 20-30 CPU-seconds a run (docs/benchmarks.md). A caller's own options come after, and win.
+LOCAL_JVM_OPTIONS: Final = "-XX:TieredStopAtLevel=1"
+
+
 def local_conf(master: str | None) -> dict[str, str]:
     """The settings of a ``local[…]`` session (none for a cluster's master)."""
     if master is None or not master.startswith("local"):
@@ -112,7 +118,7 @@ def build_session(
         # the cluster's own log settings rule). Other JVM options a caller gives are kept.
         log_option = f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}"
         extra = settings.get("spark.driver.extraJavaOptions", "")
-        settings["spark.driver.extraJavaOptions"] = f"{log_option} {extra}".strip()
+        settings["spark.driver.extraJavaOptions"] = f"{log_option} {LOCAL_JVM_OPTIONS} {extra}".strip()
     for key, value in settings.items():
         builder = builder.config(key, value)
     try:

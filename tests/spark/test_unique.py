@@ -18,8 +18,8 @@ import pyarrow.compute as pc
 import pytest
 from pyspark.sql import SparkSession
 
-from kapok.analytics.engine import read_events
 from kapok.analytics.job import run_job
+from kapok.analytics.reading import read_events
 from kapok.analytics.unique import KEY_COLUMNS, unique
 
 T0 = 1_795_000_000.0
