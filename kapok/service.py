@@ -270,14 +270,15 @@ class BrokerService:
         wait_s: float,
         claim: str = "",
         start: str = "",
+        consumer: str = "",
     ) -> list[Entry]:
         """Lease up to ``max_n`` messages, waiting up to ``wait_s`` for the first to arrive;
         under a ``claim`` still in flight, its entries at once; ``start``: where a new group
-        begins (``Broker.pull``)."""
+        begins; ``consumer``: who pulls (``Broker.pull``)."""
         self.check_active()
         give_up = self.now() + wait_s
         while True:
-            entries = self.broker.pull(topic, group, max_n, lease_s, self.now(), claim, start)
+            entries = self.broker.pull(topic, group, max_n, lease_s, self.now(), claim, start, consumer)
             self._settle()
             if entries or self.now() >= give_up:
                 return entries

@@ -147,7 +147,9 @@ class Consumer(ClientBase):
             raise ValueError(f'ack must be "manual" or "auto", got {ack!r}')
         if max_buffered < 1:
             raise ValueError("max_buffered must be at least 1")
-        self.spec = SubSpec(topic, group, key, prefetch, ack, weight)
+        # Named in every subscription: a connection shared through a SessionPool carries
+        # the name of whichever client opened it.
+        self.spec = SubSpec(topic, group, key, prefetch, ack, weight, self.name)
         self.max_buffered = max_buffered
         self.max_buffered_bytes = max_buffered_bytes
         self._feeds: dict[str, _Feed] = {}

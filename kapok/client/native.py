@@ -135,7 +135,10 @@ class NativeSession:
 
     async def subscribe(self, spec: SubSpec, deliver: Deliver) -> int:
         rid = self._new_id()
-        options = {"group": spec.group, "key": spec.key, "prefetch": spec.prefetch, "weight": spec.weight}
+        options = {
+            "group": spec.group, "key": spec.key, "prefetch": spec.prefetch, "weight": spec.weight,
+            "consumer": spec.consumer,
+        }  # fmt: skip
         frame = encode_sub(rid, spec.topic, spec.ack, **options)
         self._subscribing[rid] = deliver
         reply = await self._request(rid, frame)

@@ -58,6 +58,7 @@ class SubSpec:
     prefetch: int | None = None  # None = the node's mq.prefetch
     ack: AckMode = "manual"
     weight: int | None = None
+    consumer: str | None = None  # the consumer's name (native protocol); None: the connection's
 
 
 class NodeSession(Protocol):

@@ -555,12 +555,14 @@ class Broker:
         now: float,
         claim: str = "",
         start: str = "",
+        consumer: str = "",
     ) -> list[Entry]:
         """Lease up to ``max_n`` ready messages of a durable group for ``lease_s`` seconds.
 
         Under a ``claim`` (``kapok.core.claims``) that still has entries in flight, the
         answer is those entries, their leases renewed, and nothing new is leased; else
         the messages leased are put under the claim. ``start``: see ``pull_group``.
+        ``consumer``: who pulls, the name their ``Delivered`` records carry.
         """
         group = self.pull_group(topic_name, group_name, now, start)
         if claim and group.claims is not None:
@@ -570,6 +572,9 @@ class Broker:
         lessee = self._lessee(group, now)
         lessee.ack_timeout_s = lease_s
         lessee.prefetch = len(lessee.held) + max_n
+        # Every puller of the group shares its lessee, which gets entries only inside this
+        # call (its prefetch is 0 otherwise): named so for the call, the deliveries are.
+        lessee.name = consumer
         group.unpark()
         self._dirty.add(group)
         journaled = len(self._changes)
@@ -608,7 +613,7 @@ class Broker:
         for i in range(journaled, len(changes)):
             r = changes[i]
             if type(r) is delivered and r.code in codes and r.group == group.name:
-                changes[i] = delivered(r.code, r.topic, r.group, r.attempts, r.at, name, lease_s)
+                changes[i] = delivered(r.code, r.topic, r.group, r.attempts, r.at, name, lease_s, r.consumer)
 
     def _renew(self, claim: Claim, lease_s: float, now: float) -> list[Entry]:
         """The entries in flight under ``claim``, their leases ending ``lease_s`` from now."""
@@ -872,8 +877,8 @@ class Broker:
             delivered += 1
             if attempts > 1:
                 redelivered += 1
-            if changes is not None:
-                changes.append(ch.Delivered(msg.code, msg.topic, group.name, attempts, now))
+            if changes is not None:  # the consumer's name: a reference, not a copy
+                changes.append(ch.Delivered(msg.code, msg.topic, group.name, attempts, now, "", 0.0, c.name))
         self.stats.delivered += delivered
         self.stats.redelivered += redelivered
 

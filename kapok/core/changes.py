@@ -75,6 +75,9 @@ class Delivered:
     ``claim``: the claim the pull named (``kapok.core.claims``), "" for none (and in
     records written before the field existed); ``lease_s``: the lease's length, which
     recovery and a takeover lease a claimed entry again for (0 when unclaimed).
+    ``consumer``: the name of the consumer that got the lease (``Consumer.name``: how each
+    protocol names one is in docs/protocol.md, "Consumer names"), "" when unknown (and in
+    records written before the field existed). Nothing replays it: it is for the archive.
     """
 
     code: str
@@ -84,6 +87,7 @@ class Delivered:
     at: float
     claim: str = ""
     lease_s: float = 0.0
+    consumer: str = ""
 
 
 @record

@@ -151,12 +151,18 @@ def state_records(broker: Broker, now: float) -> Iterator[ch.Change]:
             if e.attempts:
                 claims = e.group.claims
                 claim = claims.of.get(e) if claims is not None else None
+                # The consumer is known while a subscriber holds the entry; a pull lessee is
+                # named after its last puller, not necessarily this entry's.
+                holder = e.consumer
+                consumer = holder.name if holder is not None and not holder.is_pull else ""
                 if claim is None:
-                    yield ch.Delivered(msg.code, msg.topic, e.group.name, e.attempts, e.last_delivered_at)
+                    yield ch.Delivered(
+                        msg.code, msg.topic, e.group.name, e.attempts, e.last_delivered_at, "", 0.0, consumer
+                    )
                 else:  # in flight under a claim: recovery keeps it so
                     yield ch.Delivered(
                         msg.code, msg.topic, e.group.name, e.attempts, e.last_delivered_at, claim.name,
-                        claim.lease_s,
+                        claim.lease_s, consumer,
                     )  # fmt: skip
                 if not e.status.final and e.status is not Status.INFLIGHT:  # requeued since
                     yield ch.Requeued(

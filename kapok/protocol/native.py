@@ -76,7 +76,8 @@ def encode_pub(rid: int, msgs: list[dict[str, Any]], topic: str | None = None) -
 
 
 def encode_sub(rid: int, topic: str, ack: str = "manual", **options: str | int | None) -> bytes:
-    """Subscribe; ``options`` are ``group``, ``key``, ``prefetch`` and ``weight`` (None: the node's)."""
+    """Subscribe; ``options`` are ``group``, ``key``, ``prefetch``, ``weight`` (None: the node's)
+    and ``consumer`` (None: the connection's name)."""
     frame: dict[str, Any] = {"op": "sub", "id": rid, "topic": topic, "ack": ack}
     frame.update((name, value) for name, value in options.items() if value is not None)
     return orjson.dumps(frame)

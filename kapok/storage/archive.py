@@ -112,9 +112,14 @@ def archive_events(
     for row in rows:
         kind = row[0]
         if kind == _DELIVERED:
-            _, code, topic, group, attempts, at = row if len(row) == 6 else row[:6]  # a claimed one has 8
-            add({"ev": "delivered", "code": code, "topic": topic, "group": group, "t": at,
-                 "attempt": attempts})  # fmt: skip
+            if len(row) == 9 and row[8]:  # one naming its consumer: the usual row now
+                _, code, topic, group, attempts, at, _, _, consumer = row
+                add({"ev": "delivered", "code": code, "topic": topic, "group": group, "t": at,
+                     "attempt": attempts, "consumer": consumer})  # fmt: skip
+            else:  # 6 fields, a claimed one 8 (no consumer, or written before consumers were)
+                _, code, topic, group, attempts, at = row if len(row) == 6 else row[:6]
+                add({"ev": "delivered", "code": code, "topic": topic, "group": group, "t": at,
+                     "attempt": attempts})  # fmt: skip
         elif kind == _SETTLED:
             _, code, topic, group, status, reason, at = row
             if status == _DEAD:

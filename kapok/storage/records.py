@@ -87,10 +87,13 @@ _ROWS: Final[dict[type[Any], Callable[[Any], tuple[Any, ...]]]] = {
     ch.GroupCreated: lambda r: (
         (2, r.topic, r.group, r.at, r.start) if r.start else (2, r.topic, r.group, r.at)
     ),
-    # A claimed delivery's row adds its claim and lease length; an unclaimed one keeps the
-    # row records had before claims existed (the archive reads it as such).
+    # Trailing fields are written only when set: a delivery naming its consumer has all 9
+    # (claim "" and lease 0 when unclaimed), a claimed one without a consumer 8, any other
+    # the 6 of records written before claims existed (the archive reads rows by length).
     ch.Delivered: lambda r: (
-        (3, r.code, r.topic, r.group, r.attempts, r.at, r.claim, r.lease_s)
+        (3, r.code, r.topic, r.group, r.attempts, r.at, r.claim, r.lease_s, r.consumer)
+        if r.consumer
+        else (3, r.code, r.topic, r.group, r.attempts, r.at, r.claim, r.lease_s)
         if r.claim
         else (3, r.code, r.topic, r.group, r.attempts, r.at)
     ),

@@ -228,7 +228,9 @@ class _CompatConsumer:
 async def consumer_ws(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     topic = request.match_info["topic"]
-    consumer_id = request.match_info["consumer_id"]
+    # KapokMQ clients name every consumer connection (the path's consumerId): it is the
+    # consumer's name in the console and in the archive's deliveries, as the client gave it.
+    consumer_id = client_label(request.match_info["consumer_id"], "consumer id")
     async with open_ws(request, text=True, handshake=True, fast=True) as (ws, outbox):
         if not await compat_handshake(ws, request):
             return ws

@@ -223,7 +223,13 @@ def document(config: Config) -> dict[str, Any]:
             "get": _upgrade(
                 "The native protocol",
                 v1,
-                [_query("client", {"type": "string", "maxLength": 255}, "a name for the console")],
+                [
+                    _query(
+                        "client",
+                        {"type": "string", "maxLength": 255},
+                        "a name for the console, and its subscriptions' consumer name unless `sub` gives one",
+                    )
+                ],
                 bearer,
             )
         },
@@ -284,6 +290,13 @@ def document(config: Config) -> dict[str, Any]:
                         {"type": "string", "enum": ["latest", "earliest"]},
                         "where a group this pull makes begins",
                     ),
+                    {
+                        "name": "X-Kapok-Consumer",
+                        "in": "header",
+                        "required": False,
+                        "schema": {"type": "string", "maxLength": 255},
+                        "description": "who pulls (the archive's `consumer`); default `http:<address>`",
+                    },
                 ],
                 security=bearer,
             ),

@@ -61,7 +61,7 @@ async def pull(request: web.Request) -> web.Response:
     """Lease messages: ``group``, ``max`` (1-1000), ``wait`` (long-poll seconds), ``lease_s``,
     ``claim`` (a name for the lease: ``kapok.core.claims``), ``start`` (``earliest``: a group
     this pull makes gets every live message of the topic; ``latest``, the default: only
-    what is published from now on).
+    what is published from now on); header ``X-Kapok-Consumer``: who pulls.
 
     Leased messages must be acked by code (or by claim) before the lease ends, or they
     are delivered again (counting toward ``max_deliveries``). Under a claim that still
@@ -80,7 +80,10 @@ async def pull(request: web.Request) -> web.Response:
     start = request.query.get("start", "latest")
     if start not in ("latest", EARLIEST):
         raise BadRequestError("query parameter 'start' must be 'latest' or 'earliest'")
-    entries = await service.pull(topic, group, max_n, lease_s, wait_s, claim or "", start)
+    # Named as a publish names its producer: the client's name, else its address.
+    consumer = client_label(request.headers.get("X-Kapok-Consumer", ""), "X-Kapok-Consumer")
+    consumer = consumer or f"http:{request.remote}"
+    entries = await service.pull(topic, group, max_n, lease_s, wait_s, claim or "", start, consumer)
     if claim is not None and entries:
         # The lease must outlive a crash or a takeover before its reader sees it: a reader
         # that writes a batch and then acks its claim would otherwise get it again.

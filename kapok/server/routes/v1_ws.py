@@ -134,6 +134,9 @@ class NativeConnection:
         key = frame.get("key")
         if key is not None and not isinstance(key, str):
             raise BadRequestError("field 'key' must be a string")
+        # The subscription's consumer name (archived with each delivery): its own, else
+        # the connection's (see native_ws).
+        name = client_label(get_str(frame, "consumer", ""), "field 'consumer'") or self.name
         self._sub_rid = rid
         consumer = self.service.subscribe(
             self,
@@ -143,7 +146,7 @@ class NativeConnection:
             prefetch=get_int(frame, "prefetch", self.service.config.mq.prefetch, lo=1, hi=1_000_000),
             auto_ack=ack_mode == "auto",
             weight=get_int(frame, "weight", 1, lo=1, hi=1000),
-            name=self.name,
+            name=name,
             room=self.outbox.free_bytes // (len(self.subs) + 1),
         )
         if consumer.id not in self.subs:
@@ -240,6 +243,24 @@ class NativeConnection:
         self.subs.clear()
 
 
+def _connection_name(number: int, request: web.Request) -> str:
+    """An unnamed connection's name: ``conn-<number>@<peer address>:<port>``.
+
+    The node's connection counter alone (``conn-7``) starts again at every start and on
+    every node, so archives merged from several nodes, or from before and after a
+    restart, would give one name to many connections. The peer's address and port tell
+    the client host and its socket (what an operator can look up), and no two
+    connections open at once share them; the counter keeps a port the client reuses
+    later apart. The ``run`` of an archive line tells the node that wrote it.
+    """
+    transport = request.transport
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        host, port = peer[0], peer[1]
+        return f"conn-{number}@[{host}]:{port}" if ":" in host else f"conn-{number}@{host}:{port}"
+    return f"conn-{number}@{request.remote or 'unknown'}"
+
+
 @routes.get("/v1/ws")
 async def native_ws(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]  # the auth middleware has checked the key
@@ -248,9 +269,9 @@ async def native_ws(request: web.Request) -> web.StreamResponse:
         info = ClientInfo(name, request.remote or "", service.now(), "v1")
         clients = request.app[CLIENTS]
         client = clients.add(info)
-        # Rate limits and the console count per producer: without a name of its
-        # own, each connection is its own producer.
-        info.client_id = info.client_id or f"conn-{client}"
+        # Rate limits and the console count per producer, and the archive per consumer:
+        # without a name of its own, each connection is its own producer and consumer.
+        info.client_id = info.client_id or _connection_name(client, request)
         conn = NativeConnection(service, clients, outbox, info)
         try:
             async for msg in messages(ws):

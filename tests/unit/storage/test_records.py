@@ -65,7 +65,27 @@ published = st.builds(
     groups=st.lists(texts, max_size=4).map(tuple),
 )
 group_created = st.builds(ch.GroupCreated, topic=texts, group=texts, at=floats)
-delivered = st.builds(ch.Delivered, code=texts, topic=texts, group=texts, attempts=ints, at=floats)
+# A delivery's trailing fields: no claim and no lease, or a claim with its lease; and a
+# consumer or none (each combination is a row shape of its own).
+claims = st.just(("", 0.0)) | st.tuples(texts.filter(bool), floats)
+
+
+def _delivered(
+    code: str, topic: str, group: str, attempts: int, at: float, claim: tuple[str, float], consumer: str
+) -> ch.Delivered:
+    return ch.Delivered(code, topic, group, attempts, at, claim[0], claim[1], consumer)
+
+
+delivered = st.builds(
+    _delivered,
+    code=texts,
+    topic=texts,
+    group=texts,
+    attempts=ints,
+    at=floats,
+    claim=claims,
+    consumer=texts,
+)
 requeued = st.builds(ch.Requeued, code=texts, topic=texts, group=texts, reason=texts, at=floats)
 settled = st.builds(ch.Settled, code=texts, topic=texts, group=texts, status=texts, reason=texts, at=floats)
 deleted = st.builds(ch.MessageDeleted, code=texts, at=floats)
