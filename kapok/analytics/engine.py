@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 from kapok.analytics.kinds import HIST_BOUNDS_MS, PERCENTILES, SUMS
 from kapok.analytics.lifecycle import Lives
 from kapok.analytics.reading import EMPTY_EVENTS, FileScan, read_events, scan
-from kapok.analytics.transforms import BacklogRow, CountRow, StatRow
+from kapok.analytics.transforms import BacklogRow, ConsumerRow, CountRow, StatRow
 from kapok.analytics.unique import unique
 
 __all__ = [
@@ -52,7 +52,8 @@ __all__ = [
 ]
 
 # The rows ``lives`` and ``stats`` give Spark (DDL): ``kind`` says which: "n" (the events
-# in the window: ``data`` their number), "c" (counts), "b" (backlog parts), "s" (a
+# in the window: ``data`` their number), "c" (counts), "d" (deliveries per consumer),
+# "b" (backlog parts), "s" (a
 # duration's stats per window), all small, with their figures as JSON in ``data``; and
 # "v": the durations of one topic × metric, ``blob`` an Arrow IPC stream of
 # (``window_t``, ``value``).
@@ -93,7 +94,8 @@ def _row(kind: str, topic: Any, window_t: Any = None, metric: Any = None, data: 
 
 
 def _counts(events: pa.Table, window_s: int) -> list[dict[str, Any]]:
-    """Per topic × group × window the ``SUMS`` of ``events`` (rows of kind "c")."""
+    """Per topic × group × window the ``SUMS`` of ``events`` (rows of kind "c"), and per
+    topic × group × consumer × window its deliveries and redeliveries (kind "d")."""
     events = events.filter(pc.is_valid(events["topic"]))
     if events.num_rows == 0:
         return []
@@ -105,6 +107,7 @@ def _counts(events: pa.Table, window_s: int) -> list[dict[str, Any]]:
             "group": events["group"],
             "window_t": _window(events["t"], window_s),
             "ev": events["ev"],
+            "consumer": events["consumer"],
             "bytes": pc.if_else(published, pc.coalesce(events["size"], 0), 0),
             "again": pc.cast(pc.fill_null(again, False), pa.int64()),
         }
@@ -120,10 +123,26 @@ def _counts(events: pa.Table, window_s: int) -> list[dict[str, Any]]:
             figures[index[row["ev"]]] += row["ev_count"]
         figures[index["bytes"]] += row["bytes_sum"] or 0
         figures[index["redelivered"]] += row["again_sum"] or 0
-    return [
+    rows = [
         _row("c", topic, window_t, data=[group, figures])
         for (topic, group, window_t), figures in sums.items()
     ]
+    # Deliveries per consumer (archives before consumers were named have none).
+    named = keyed.filter(pc.and_(pc.equal(keyed["ev"], "delivered"), pc.is_valid(events["consumer"])))
+    if named.num_rows:
+        per_consumer = named.group_by(
+            ["topic", "group", "consumer", "window_t"], use_threads=False
+        ).aggregate([("ev", "count"), ("again", "sum")])
+        rows.extend(
+            _row(
+                "d",
+                row["topic"],
+                row["window_t"],
+                data=[row["group"], row["consumer"], row["ev_count"], row["again_sum"]],
+            )
+            for row in per_consumer.to_pylist()
+        )
+    return rows
 
 
 def lives(
@@ -276,6 +295,7 @@ class Figures:
 
     events: int
     counts: list[CountRow]
+    consumers: list[ConsumerRow]
     stats: list[StatRow]
     parts: list[BacklogRow]
 
@@ -291,6 +311,9 @@ def decode(rows: pa.Table) -> Figures:
     return Figures(
         events=sum(int(n) for _, n in data("n")),
         counts=[CountRow(row["topic"], group, row["window_t"], sums) for row, (group, sums) in data("c")],
+        consumers=[
+            ConsumerRow(row["topic"], d[0], d[1], row["window_t"], d[2], d[3]) for row, d in data("d")
+        ],
         stats=[
             StatRow(row["topic"], row["metric"], row["window_t"], figures[:4], figures[4], figures[5])
             for row, figures in data("s")

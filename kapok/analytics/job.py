@@ -1,16 +1,19 @@
-"""The analytics job: archive lines → ``transforms`` → Parquet and ``summary.json``.
+"""The analytics job: archive files → ``engine`` → ``transforms`` → Parquet and ``summary.json``.
 
-It only wires; every rule lives in ``kapok.analytics.transforms``. Output, under
-``OUTPUT`` (a local directory or any URI Spark writes):
+It only wires; the rules live in ``kapok.analytics.transforms`` and
+``kapok.analytics.lifecycle``. Output, under ``OUTPUT`` (a local directory or any URI
+Spark writes):
 
 * ``hourly/day=YYYY-MM-DD/`` Parquet: per topic × hour the counts, bytes,
-  redelivery ratio and latency percentiles;
+  redelivery ratio and the durations' percentiles and histograms;
 * ``daily/day=YYYY-MM-DD/`` Parquet: per topic × day the counts, bytes and
   redelivery ratio;
 * ``groups/day=YYYY-MM-DD/`` Parquet: per topic × group × hour the counts and the
-  backlog at the hour's end (``kapok.analytics.lifecycle``). With ``window`` "minute" or
-  "day" the two per-window tables are ``by_minute/`` and ``groups_by_minute/`` (or
-  ``by_day/``, ``groups_by_day/``) instead of ``hourly/`` and ``groups/``;
+  backlog at the hour's end;
+* ``consumers/day=YYYY-MM-DD/`` Parquet: per topic × group × consumer × hour the
+  deliveries and redeliveries (from archives that name consumers).
+  With ``window`` "minute" or "day" the per-window tables are ``by_minute/``,
+  ``groups_by_minute/`` and ``consumers_by_minute/`` (or ``…_day``) instead;
 * ``summary.json``: what the console draws (``transforms.summary``), replaced
   atomically on a local disk, so a reader never sees half of it. Its days and counts
   are read back from ``daily/`` (every day it holds); its latencies are the run's.
@@ -22,12 +25,11 @@ archive's retention). A recomputed day whose written partition holds more than t
 archive still does (an earlier hour, or more counted events) is kept as it was
 (``JobResult.kept_days``). Timestamps are written as Parquet INT64 microseconds.
 
-The input is read twice: the line totals parse only ``ev`` and ``t``; then each event
-once (``kapok.analytics.unique``: every node's archive may be given, one archive twice,
-and one shuffle drops the repeats) is cached, and the later passes read the cache. (An
-observation of the line totals during another pass saves a pass, but Spark reports
-nothing for it when no line is an event.) The aggregates
-are small (a row per topic and hour) and are cached, as each feeds several outputs.
+Spark reads each file once (``reading.read_file`` in its tasks: the file's totals, and its
+events in buckets by code) and keeps what the tasks return for the two passes: the
+files' totals (and each group's first event, which ``engine.lives`` needs), then the
+figures (``engine``). The figures are small (rows per topic × window), so the tables are
+made of them in this process and handed to Spark only to write.
 """
 
 from __future__ import annotations
@@ -130,6 +132,7 @@ def _run(
     windows = [(row.topic, row.group, row.window_t) for row in counts if row.group is not None]
     backlog = tf.backlog(parts, tf.WINDOWS[window], windows)
     groups = tf.group_table(counts, backlog, {row["day"] for row in hourly}, window)
+    consumers = tf.consumer_table(figures.consumers, {row["day"] for row in hourly}, window)
     daily = tf.daily_counts(hourly)
     kept = _partial_days(spark, output, hourly, daily, window)
     if kept:
@@ -142,7 +145,13 @@ def _run(
         )
     windows_table, groups_table = tf.table_names(window)
     with _write_conf(spark):
-        for name, rows in ((windows_table, hourly), ("daily", daily), (groups_table, groups)):
+        tables = (
+            (windows_table, hourly),
+            ("daily", daily),
+            (groups_table, groups),
+            (tf.consumers_table(window), consumers),
+        )
+        for name, rows in tables:
             (
                 _table(spark, rows, _schema(name, window))
                 .coalesce(1)
@@ -158,7 +167,9 @@ def _run(
     topic_rows = tf.topic_totals(day_rows, stats)
     group_rows = tf.last_windows(groups, window)
     generated_at = datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-    summary = tf.summary(topic_rows, day_rows, generated_at, group_rows, window)
+    summary = tf.summary(
+        topic_rows, day_rows, generated_at, group_rows, window, tf.consumer_totals(consumers)
+    )
     write_text(spark, _join(output, SUMMARY_FILE), orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
     return JobResult(output, count, skipped, len(topic_rows), len(hourly), summary, tuple(kept), file_times)
 
@@ -349,6 +360,15 @@ def _schema(name: str, window: str) -> pa.Schema:
             pa.field("redelivery_ratio", pa.float64()),
             *durations,
             pa.field("delayed", pa.int64(), nullable=False),
+        ]
+    elif name == tf.consumers_table(window):
+        fields = [
+            pa.field("topic", pa.string()),
+            pa.field("group", pa.string()),
+            pa.field("consumer", pa.string()),
+            pa.field(column, _TIMESTAMP),
+            pa.field("delivered", pa.int64(), nullable=False),
+            pa.field("redelivered", pa.int64(), nullable=False),
         ]
     elif name == groups_table:
         fields = [

@@ -66,14 +66,18 @@ class Lives:
     def _w(self, t: float) -> int:
         return math.floor(t / self.window_s) * self.window_s
 
-    def _value(self, topic: str, metric: str, at: float | None, start: float | None) -> None:
-        if at is None or start is None or (self.since_t is not None and at < self.since_t):
-            return
+    def _values(self, topic: str, metric: str) -> tuple[list[int], list[float]]:
         found = self.values.get((topic, metric))
         if found is None:
             found = self.values[(topic, metric)] = ([], [])
-        found[0].append(self._w(at))
-        found[1].append((at - start) * 1000.0)
+        return found
+
+    def _value(self, topic: str, metric: str, at: float | None, start: float | None) -> None:
+        if at is None or start is None or (self.since_t is not None and at < self.since_t):
+            return
+        windows, values = self._values(topic, metric)
+        windows.append(self._w(at))
+        values.append((at - start) * 1000.0)
 
     def _parts(self, topic: str, group: str, window_t: int) -> list[Any]:
         parts = self.backlog.get((topic, group, window_t))
@@ -151,6 +155,11 @@ class Lives:
         own.sort()
         state = _UNKNOWN
         began = ended = first_delivery = last_delivery = acked = acked_delivery = None
+        # The state changes, summed per window before they reach ``backlog``: most entries
+        # live within one window (one dict update, not one a change).
+        w = self.window_s
+        window_t: int | None = None
+        d_ready = d_in_flight = 0
         for t, _, kind, _, ack in own:
             live = state != _GONE
             if not live:
@@ -164,9 +173,15 @@ class Lives:
             else:
                 new = _GONE
             if new != state:
-                parts = self._parts(topic, group, self._w(t))
-                parts[0] += (new == _READY) - (state == _READY)
-                parts[1] += (new == _IN_FLIGHT) - (state == _IN_FLIGHT)
+                at = math.floor(t / w) * w
+                if at != window_t:
+                    if window_t is not None:
+                        parts = self._parts(topic, group, window_t)
+                        parts[0] += d_ready
+                        parts[1] += d_in_flight
+                    window_t, d_ready, d_in_flight = at, 0, 0
+                d_ready += (new == _READY) - (state == _READY)
+                d_in_flight += (new == _IN_FLIGHT) - (state == _IN_FLIGHT)
             if began is None and new in _UNACKED:
                 began = t
             if state in _UNACKED and new == _GONE:
@@ -178,6 +193,10 @@ class Lives:
             if live and ack:
                 acked, acked_delivery = t, last_delivery
             state = new
+        if window_t is not None:
+            parts = self._parts(topic, group, window_t)
+            parts[0] += d_ready
+            parts[1] += d_in_flight
         self._value(topic, "latency", acked, created)
         self._value(topic, "processing", acked, acked_delivery)
         self._value(topic, "queue_wait", first_delivery, due)

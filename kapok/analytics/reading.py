@@ -58,6 +58,7 @@ EVENT_FIELDS: Final = pa.schema(
         ("attempt", pa.int32()),
         ("run", pa.string()),
         ("lsn", pa.int64()),
+        ("consumer", pa.string()),
     ]
 )
 EMPTY_EVENTS: Final = EVENT_FIELDS.empty_table()

@@ -91,9 +91,13 @@ __all__ = [
     "SUMS",
     "WINDOWS",
     "BacklogRow",
+    "ConsumerRow",
     "CountRow",
     "StatRow",
     "backlog",
+    "consumer_table",
+    "consumer_totals",
+    "consumers_table",
     "daily_counts",
     "group_table",
     "hourly_table",
@@ -117,6 +121,18 @@ class CountRow:
     group: str | None
     window_t: int
     sums: Sequence[int]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerRow:
+    """One consumer's deliveries (and redeliveries among them) in a group × window."""
+
+    topic: str
+    group: str | None
+    consumer: str
+    window_t: int
+    delivered: int
+    redelivered: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +165,11 @@ def window_column(window: str) -> str:
     """The windows table's time column: ``minute``, ``hour``, or ``day_start`` (``day`` is the
     partition's date string)."""
     return "day_start" if window == "day" else window
+
+
+def consumers_table(window: str) -> str:
+    """The consumers table's directory for ``window``: ``consumers``, else suffixed by the grain."""
+    return "consumers" if window == "hour" else f"consumers_by_{window}"
 
 
 def table_names(window: str) -> tuple[str, str]:
@@ -283,6 +304,58 @@ def group_table(
     return out
 
 
+def consumer_table(
+    rows: Iterable[ConsumerRow], days: Iterable[str], window: str = "hour"
+) -> list[dict[str, Any]]:
+    """Per topic × group × consumer × window on ``days``: the window's start, ``day``,
+    ``delivered`` and ``redelivered`` (summed over the tasks)."""
+    sums: dict[tuple[str, str | None, str, int], list[int]] = {}
+    for row in rows:
+        _add(
+            sums.setdefault((row.topic, row.group, row.consumer, row.window_t), [0, 0]),
+            (row.delivered, row.redelivered),
+        )
+    wanted = set(days)
+    column = window_column(window)
+    out = []
+    for (topic, group, consumer, window_t), (delivered, redelivered) in sorted(
+        sums.items(), key=lambda item: (item[0][0], item[0][1] or "", item[0][2], item[0][3])
+    ):
+        if _day(window_t) in wanted:
+            out.append(
+                {
+                    "topic": topic,
+                    "group": group,
+                    "consumer": consumer,
+                    column: _stamp(window_t),
+                    "day": _day(window_t),
+                    "delivered": delivered,
+                    "redelivered": redelivered,
+                }
+            )
+    return out
+
+
+def consumer_totals(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per topic × group × consumer: the deliveries of ``consumer_table``'s rows, for the summary."""
+    sums: dict[tuple[str, str, str], list[int]] = {}
+    for row in rows:
+        _add(
+            sums.setdefault((row["topic"], row["group"] or "", row["consumer"]), [0, 0]),
+            (row["delivered"], row["redelivered"]),
+        )
+    return [
+        {
+            "topic": topic,
+            "group": group,
+            "consumer": consumer,
+            "delivered": delivered,
+            "redelivered": redelivered,
+        }
+        for (topic, group, consumer), (delivered, redelivered) in sorted(sums.items())
+    ]
+
+
 def daily_counts(hourly: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per topic × day: the windows' sums, and the day's redelivery ratio."""
     sums: dict[tuple[str, str], list[int]] = {}
@@ -357,9 +430,10 @@ def summary(
     generated_at: str,
     groups: Iterable[Mapping[str, Any]] = (),
     window: str = "hour",
+    consumers: Iterable[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """The console's ``summary.json`` from ``topic_totals``, ``daily_counts`` and the last
-    ``group_table`` row of each group.
+    """The console's ``summary.json`` from ``topic_totals``, ``daily_counts``, the last
+    ``group_table`` row of each group and ``consumer_totals``.
 
     ``{"generated_at", "topics": {t: {counts…, "latency_ms": {"p50", "p95", "p99"}, …}},
     "days": [{"day", "topic", counts…, "dropped", "bytes", "redelivery_ratio"}], …}``,
@@ -367,8 +441,9 @@ def summary(
     Added after those keys: per topic ``queue_wait_ms``, ``processing_ms`` and ``delay_ms``
     (p50, p95, p99 each), ``delayed`` and ``histograms`` (``latency``, ``queue_wait``,
     ``processing``, ``delay``: counts per bucket, null without any); at the top
-    ``window``, ``histogram_bounds_ms`` and ``groups`` (sorted by topic, group: the
-    backlog at the end of the group's last window).
+    ``window``, ``histogram_bounds_ms``, ``groups`` (sorted by topic, group: the
+    backlog at the end of the group's last window) and ``consumers`` (per topic, group and
+    consumer: ``delivered``, ``redelivered`` in the days this run read).
     """
     out_topics: dict[str, Any] = {}
     for row in sorted(topics, key=lambda r: str(r["topic"])):
@@ -396,4 +471,5 @@ def summary(
         "window": window,
         "histogram_bounds_ms": list(HIST_BOUNDS_MS),
         "groups": out_groups,
+        "consumers": [dict(row) for row in consumers],
     }

@@ -272,6 +272,7 @@ def test_summary_has_the_consoles_shape() -> None:
         "window": "hour",
         "histogram_bounds_ms": list(tf.HIST_BOUNDS_MS),
         "groups": [],
+        "consumers": [],
     }
     assert list(out["days"][0])[:3] == ["day", "topic", "published"]
     assert list(out)[:3] == ["generated_at", "topics", "days"]  # the console's keys come first
@@ -452,3 +453,29 @@ def test_the_windows_table_carries_the_latency_split_and_delays() -> None:
     assert row["queue_wait_hist"][bisect_left(tf.HIST_BOUNDS_MS, 10000.0)] == 1
     [total] = tf.topic_totals(tf.daily_counts([row]), found.stats)
     assert (total["delayed"], total["processing_p50_ms"], total["latency_hist"][15]) == (1, 5000.0, 1)
+
+
+def test_deliveries_per_consumer_and_window() -> None:
+    found = _figures(
+        _pub("a", "t", T0),
+        _ev("delivered", "a", "t", T0 + 1, attempt=1, consumer="alice"),
+        _ev("retried", "a", "t", T0 + 2, attempt=1, reason="nack"),
+        _ev("delivered", "a", "t", T0 + 3, attempt=2, consumer="bob"),
+        _ev("acked", "a", "t", T0 + 4),
+        _pub("b", "t", T0 + H),
+        _ev("delivered", "b", "t", T0 + H + 1, attempt=1, consumer="alice"),
+        _ev("delivered", "c", "t", T0 + H + 2, attempt=1),  # an older archive's: no consumer
+    )
+    table = tf.consumer_table(found.consumers, {"2026-03-01"})
+    assert [
+        (r["consumer"], int(r["hour"].timestamp() - T0), r["delivered"], r["redelivered"]) for r in table
+    ] == [
+        ("alice", 0, 1, 0),
+        ("alice", int(H), 1, 0),
+        ("bob", 0, 1, 1),
+    ]
+    assert tf.consumer_totals(table) == [
+        {"topic": "t", "group": "g", "consumer": "alice", "delivered": 2, "redelivered": 0},
+        {"topic": "t", "group": "g", "consumer": "bob", "delivered": 1, "redelivered": 1},
+    ]
+    assert tf.consumers_table("hour") == "consumers" and tf.consumers_table("day") == "consumers_by_day"
