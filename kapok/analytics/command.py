@@ -4,7 +4,9 @@ Progress goes to stderr, one line a step. What can be checked without Spark is
 checked first (inputs, pyspark, Java), so those errors cost no JVM start-up. With
 ``--watch`` the session stays up between runs and the inputs are resolved again
 each time (the archive gains files); a run that fails after the first is reported
-and the next one tried, so the console keeps the last good ``summary.json``.
+and the next one tried, so the console keeps the last good ``summary.json``. A run
+that fails because the JVM died ends the command, ``--watch`` or not, with how it
+died: every later call would fail too.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from typing import TYPE_CHECKING
 
 from kapok.analytics.inputs import default_output, resolve_inputs
-from kapok.analytics.session import build_session, require_runtime
+from kapok.analytics.session import build_session, driver_heap, jvm_death, quiet_py4j, require_runtime
 from kapok.errors import AnalyticsError
 
 if TYPE_CHECKING:
@@ -39,13 +41,21 @@ def run_command(args: argparse.Namespace) -> int:
     output: str = args.output or default_output(inputs)
     require_runtime()
     session, owned = _session(args.master, conf_pairs(args.conf or []))
+    death: AnalyticsError | None = None
     try:
-        run = 0
+        heap, run = driver_heap(session), 0
         while True:
+            # Checked before a later run too: one with nothing new calls no JVM.
+            if run and (death := jvm_death(session, heap)) is not None:
+                raise death
             try:
                 _run_once(session, args, output)
-            except AnalyticsError as exc:
-                if not run:  # the first run's errors end the command
+            except Exception as exc:
+                # A dead JVM fails the run in whichever call came next (a Py4J error, a
+                # refused connection): say that instead, and stop.
+                if (death := jvm_death(session, heap)) is not None:
+                    raise death from exc
+                if run == 0 or not isinstance(exc, AnalyticsError):  # these end the command
                     raise
                 progress(f"error: {exc.message}")
             run += 1
@@ -54,7 +64,7 @@ def run_command(args: argparse.Namespace) -> int:
             progress(f"next run in {args.watch:g} s (Ctrl-C stops)")
             wait(args.watch)
     finally:
-        if owned:
+        if owned and death is None:  # a dead JVM has nothing to stop
             session.stop()
 
 
@@ -83,6 +93,7 @@ def _session(master: str | None, conf: dict[str, str]) -> tuple[SparkSession, bo
     if master is None and not submitted():
         master = "local[*]"
     progress(f"starting Spark ({master or 'as spark-submit set it'})")
+    quiet_py4j()
     return build_session(master, conf=conf), True
 
 

@@ -8,24 +8,41 @@ machine's outward interface), the UI stays off, Python workers run this interpre
 of 200, and the heap is a quarter of the machine's memory (1 to 8 GiB), not 1 GiB.
 Every session computes in UTC and writes Parquet timestamps as INT64 microseconds
 (UTC-adjusted).
+
+A JVM that dies mid-run (out of memory, killed) fails every later call with a bare
+"Connection refused": ``jvm_death`` tells that case apart and says how it died.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import logging
+import math
 import os
+import re
 import shutil
+import signal
+import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from kapok.errors import AnalyticsError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["build_session", "java_executable", "require_runtime"]
+__all__ = [
+    "build_session",
+    "death_message",
+    "driver_heap",
+    "java_executable",
+    "jvm_death",
+    "quiet_py4j",
+    "require_runtime",
+]
 
 APP_NAME: Final = "kapok analytics"
 LOG_CONFIG: Final = Path(__file__).with_name("log4j2.properties")
@@ -33,6 +50,9 @@ INSTALL_HINT: Final = "pip install 'kapok[analytics]'"
 JAVA_HINT: Final = (
     "install a Java runtime 17 or 21 (Debian: apt-get install default-jre-headless) or set JAVA_HOME"
 )
+OOM_STATUS: Final = 52  # Spark's exit status for an OutOfMemoryError (SparkExitCode.OOM)
+STOP_SIGNALS: Final = frozenset({signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM})
+REAP_WAIT_S: Final = 15.0  # a JVM that stopped answering or stopped Spark is exiting: its status comes soon
 
 
 def java_executable() -> str | None:
@@ -135,3 +155,95 @@ def first_line(exc: BaseException) -> str:
         if line.strip():
             return line.strip()
     return type(exc).__name__
+
+
+def driver_heap(session: SparkSession) -> str:
+    """The driver JVM's heap setting (``spark.driver.memory``; Spark's default is 1g)."""
+    return session.sparkContext.getConf().get("spark.driver.memory") or "1g"
+
+
+def jvm_death(session: SparkSession, heap: str | None = None) -> AnalyticsError | None:
+    """The error to report if the session's JVM has died or is exiting, else None.
+
+    The exit status or signal is known when this process started the JVM (an exiting
+    one is waited for, ``REAP_WAIT_S`` at most); under spark-submit only that the JVM
+    no longer answers. ``heap`` (``driver_heap``, read while it lived) goes into the advice.
+    """
+    gateway: Any = session.sparkContext._gateway
+    proc: subprocess.Popen[bytes] | None = getattr(gateway, "proc", None)
+    if proc is None or proc.poll() is None:
+        if _running(session):
+            return None
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(REAP_WAIT_S)
+    # Py4J sends it nothing more: its finalizer thread would log a traceback for each try.
+    gateway._gateway_client.is_connected = False
+    return AnalyticsError(death_message(None if proc is None else proc.returncode, heap))
+
+
+def _running(session: SparkSession) -> bool:
+    """Whether the JVM answers and its SparkContext runs (out of memory, Spark stops it
+    and exits: a call fails before the JVM is gone)."""
+    from py4j.protocol import Py4JError
+
+    java_context: Any = session.sparkContext._jsc
+    if java_context is None:  # stopped from Python: not a death
+        return True
+    try:
+        return not java_context.sc().isStopped()
+    except (Py4JError, OSError):
+        return False
+
+
+def death_message(status: int | None, heap: str | None) -> str:
+    """One line: how the JVM died (``status`` as ``Popen.returncode``: -N for signal N;
+    None when unknown) and, when memory may be why, a bigger heap to try."""
+    bigger = f"a bigger heap than its {heap}" if heap else "a bigger heap"
+    setting = f"--conf spark.driver.memory={_doubled(heap) or '<size>'}"
+    if status == OOM_STATUS:
+        return f"the Spark JVM died: out of memory (exit status {status}); give it {bigger}: {setting}"
+    if status is None:
+        how = "it no longer answers"
+    elif status < 0:
+        try:
+            sig = signal.Signals(-status)
+        except ValueError:
+            how = f"killed by signal {-status}"
+        else:
+            if sig in STOP_SIGNALS:  # stopped on purpose: memory is not why
+                return f"the Spark JVM died: stopped by {sig.name} (signal {-status})"
+            how = f"killed by {sig.name} (signal {-status})"
+    else:
+        how = f"exit status {status}"
+    return f"the Spark JVM died: {how}; if it ran out of memory, give it {bigger}: {setting}"
+
+
+_UNIT_MIB: Final = {"k": 1 / 1024, "": 1, "m": 1, "g": 1024, "t": 2**20}
+
+
+def _doubled(heap: str | None) -> str | None:
+    """Twice a JVM memory size (``1g``, ``6026m``; MiB without a unit), up to whole GiB."""
+    found = re.fullmatch(r"(\d+)([kmgt]?)b?", (heap or "").strip().lower())
+    if found is None:
+        return None
+    return f"{math.ceil(2 * int(found[1]) * _UNIT_MIB[found[2]] / 1024)}g"
+
+
+class _Py4JNoise(logging.Filter):
+    """Drops the records Py4J logs to the root logger (from its ``send_command``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from py4j import java_gateway
+
+        source: str = java_gateway.__file__
+        return record.pathname != source
+
+
+_PY4J_NOISE: Final = _Py4JNoise()
+
+
+def quiet_py4j() -> None:
+    """Keep Py4J's tracebacks off stderr: on a broken connection it logs one to the root
+    logger, while the caller gets the same failure as an exception (and says it in one line)."""
+    logging.getLogger().addFilter(_PY4J_NOISE)
