@@ -34,9 +34,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kapok.analytics.kinds import HIST_BOUNDS_MS, PERCENTILES, SUMS
+from kapok.analytics.kinds import COUNTED_EVENTS, HIST_BOUNDS_MS, NEWER_EVENTS, PERCENTILES, SUMS
 from kapok.analytics.lifecycle import Lives
-from kapok.analytics.reading import EMPTY_EVENTS, FileScan, read_events, scan
+from kapok.analytics.reading import EMPTY_EVENTS, FileScan, ipc_bytes, ipc_table, read_events, scan
 from kapok.analytics.transforms import BacklogRow, ConsumerRow, CountRow, StatRow
 from kapok.analytics.unique import unique
 
@@ -116,13 +116,14 @@ def _counts(events: pa.Table, window_s: int) -> list[dict[str, Any]]:
         [("ev", "count"), ("bytes", "sum"), ("again", "sum")]
     )
     sums: dict[tuple[str, str | None, int], list[int]] = {}
-    index = {name: i for i, name in enumerate(SUMS)}
+    kinds = {name: SUMS.index(name) for name in (*COUNTED_EVENTS, *NEWER_EVENTS)}
+    size, again_at = SUMS.index("bytes"), SUMS.index("redelivered")
     for row in grouped.to_pylist():
         figures = sums.setdefault((row["topic"], row["group"], row["window_t"]), [0] * len(SUMS))
-        if row["ev"] in index:
-            figures[index[row["ev"]]] += row["ev_count"]
-        figures[index["bytes"]] += row["bytes_sum"] or 0
-        figures[index["redelivered"]] += row["again_sum"] or 0
+        if row["ev"] in kinds:  # a kind the tables have no column for counts only as an event
+            figures[kinds[row["ev"]]] += row["ev_count"]
+        figures[size] += row["bytes_sum"] or 0
+        figures[again_at] += row["again_sum"] or 0
     rows = [
         _row("c", topic, window_t, data=[group, figures])
         for (topic, group, window_t), figures in sums.items()
@@ -196,18 +197,9 @@ def _packed(found: Lives) -> pa.RecordBatch:
     rows = []
     for (topic, metric), (windows, ms) in values.items():
         row = _row("v", topic, metric=metric)
-        row["blob"] = _ipc(
-            pa.table({"window_t": pa.array(windows, pa.int64()), "value": pa.array(ms, pa.float64())})
-        )
+        row["blob"] = ipc_bytes(pa.table({"window_t": windows, "value": ms}, schema=_VALUES))
         rows.append(row)
     return pa.RecordBatch.from_pylist(rows, schema=OUT_FIELDS)
-
-
-def _ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
 
 
 def _day_number(day: str) -> int:
@@ -246,7 +238,7 @@ def stats(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for topic, metric, blob in zip(
             *(values[name].to_pylist() for name in ("topic", "metric", "blob")), strict=True
         ):
-            packed.setdefault((topic, metric), []).append(pa.ipc.open_stream(blob).read_all())
+            packed.setdefault((topic, metric), []).append(ipc_table(blob))
     out: list[dict[str, Any]] = []
     for (topic, metric), tables in packed.items():
         table = pa.concat_tables(tables)

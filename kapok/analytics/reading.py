@@ -38,6 +38,8 @@ __all__ = [
     "buckets",
     "events_of",
     "file_scan",
+    "ipc_bytes",
+    "ipc_table",
     "parse_lines",
     "read_events",
     "read_file",
@@ -226,13 +228,10 @@ def read_file(name: str, data: bytes, since_t: float | None, n: int) -> pa.Recor
         start = 0
         for key, size in enumerate(np.bincount(keys, minlength=n).tolist()):
             if size:
-                sink = pa.BufferOutputStream()
-                with pa.ipc.new_stream(sink, EVENT_FIELDS, options=_IPC) as writer:
-                    writer.write_table(ordered.slice(start, size))
                 rows["kind"].append("events")
                 rows["key"].append(key)
                 rows["name"].append(None)
-                rows["blob"].append(sink.getvalue().to_pybytes())
+                rows["blob"].append(ipc_bytes(ordered.slice(start, size)))
                 start += size
     return pa.RecordBatch.from_pydict(rows, schema=_BLOB_FIELDS)
 
@@ -247,5 +246,18 @@ def file_scan(blob: bytes) -> FileScan:
 
 def events_of(blobs: Iterable[bytes]) -> pa.Table:
     """The events of "events" rows' blobs, as one table."""
-    tables = [pa.ipc.open_stream(blob).read_all() for blob in blobs]
+    tables = [ipc_table(blob) for blob in blobs]
     return pa.concat_tables(tables) if tables else EMPTY_EVENTS
+
+
+def ipc_bytes(table: pa.Table) -> bytes:
+    """``table`` as an Arrow IPC stream (LZ4-compressed): how the job's tasks pass tables on."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema, options=_IPC) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def ipc_table(blob: bytes) -> pa.Table:
+    """The table of an ``ipc_bytes`` stream."""
+    return pa.ipc.open_stream(blob).read_all()

@@ -43,7 +43,7 @@ def _durations(*items: dict[str, Any], since_t: float | None = None) -> list[tup
     out: list[tuple[str, str, int, float]] = []
     for row in pa.Table.from_batches(list(rows), schema=engine.OUT_FIELDS).to_pylist():
         if row["kind"] == "v":
-            values = pa.ipc.open_stream(row["blob"]).read_all().to_pylist()
+            values = reading.ipc_table(row["blob"]).to_pylist()
             out.extend((row["topic"], row["metric"], v["window_t"], round(v["value"], 6)) for v in values)
     return sorted(out)
 
@@ -56,11 +56,8 @@ def _stats(rows: list[tuple[str, str, int, float]]) -> dict[tuple[str, str, int 
         mine = [r for r in rows if (r[0], r[1]) == (topic, metric)][half::2]
         if not mine:
             continue
-        sink = pa.BufferOutputStream()
         table = pa.table({"window_t": [r[2] for r in mine], "value": [r[3] for r in mine]})
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
-        packed.append({"kind": "v", "topic": topic, "metric": metric, "blob": sink.getvalue().to_pybytes()})
+        packed.append({"kind": "v", "topic": topic, "metric": metric, "blob": reading.ipc_bytes(table)})
     batch = pa.RecordBatch.from_pylist(packed, schema=engine.OUT_FIELDS)
     found = engine.decode(pa.Table.from_batches(list(engine.stats([batch])), schema=engine.OUT_FIELDS))
     return {(s.topic, s.metric, s.window_t): s for s in found.stats}
@@ -479,3 +476,32 @@ def test_deliveries_per_consumer_and_window() -> None:
         {"topic": "t", "group": "g", "consumer": "bob", "delivered": 1, "redelivered": 1},
     ]
     assert tf.consumers_table("hour") == "consumers" and tf.consumers_table("day") == "consumers_by_day"
+
+
+def test_a_code_has_one_bucket_in_every_file_and_process() -> None:
+    codes = pa.array([f"{i:032x}" for i in range(2000)] + [None, "x", ""])
+    keys = reading.buckets(codes, 8)
+    assert keys.tolist() == reading.buckets(codes, 8).tolist()  # a pure function of the bytes
+    assert keys[2000] == 0 and set(keys.tolist()) == set(range(8))
+    assert min(list(keys[:2000]).count(k) for k in range(8)) > 2000 / 8 / 2  # spread
+    # The same code in a slice of another array (an Arrow offset) gets the same bucket.
+    assert reading.buckets(codes.slice(1000, 10), 8).tolist() == keys[1000:1010].tolist()
+
+
+def test_read_file_gives_its_scan_and_each_event_once_in_its_codes_bucket() -> None:
+    items = [_pub(f"c{i}", "t", T0 + i) for i in range(50)] + [
+        _ev("acked", f"c{i}", "t", T0 + 60) for i in range(50)
+    ]
+    data = _lines(*items, "torn")
+    batch = reading.read_file("f", data, T0 + 10, 4)
+    rows = batch.to_pylist()
+    assert rows[0]["kind"] == "scan" and rows[0]["name"] == "f"
+    scan = reading.file_scan(rows[0]["blob"])
+    assert (scan.skipped, scan.events, scan.all_events) == (1, 90, 100)
+    seen: dict[str, int] = {}
+    for row in rows[1:]:
+        assert row["kind"] == "events"
+        for code in reading.ipc_table(row["blob"])["code"].to_pylist():
+            assert seen.setdefault(code, row["key"]) == row["key"]
+    assert len(seen) == 50 and sum(reading.ipc_table(r["blob"]).num_rows for r in rows[1:]) == 100
+    assert reading.read_file("f", data, None, 0).num_rows == 1  # a scan only
