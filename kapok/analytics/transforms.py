@@ -1,15 +1,16 @@
-"""The analytics job's rules, and its pure functions DataFrame → DataFrame over the small
-figures (per topic × window) that ``kapok.analytics.engine`` computes from the events.
+"""The analytics job's rules, and the tables made of the small figures (per topic ×
+window) that ``kapok.analytics.engine`` computes from the events: plain Python, no Spark.
 
 Input: the archive's JSON lines (``kapok.storage.archive``), one lifecycle event a
 line: ``{"ev", "code", "topic", "group", "t", ...}`` with ``t`` in unix seconds
 (a message's creation time for ``published``).
 
-Rules, each in one function below:
+Rules (in ``kapok.analytics.engine`` and ``kapok.analytics.lifecycle`` for the events,
+in the functions below for the tables):
 
 * A line that is not a JSON object with ``ev`` and ``t`` (the cut last line a crash
   leaves, a foreign line) is no event: it is counted as skipped
-  (``kapok.analytics.engine``).
+  (``kapok.analytics.reading``).
 * Every event counts in the UTC hour and day of its own ``t``: a message published
   at 23:59 and acked at 00:01 counts as published on one day and acked on the next.
 * Each event kind means one thing (docs/analytics.md, "Event schema"), and each is
