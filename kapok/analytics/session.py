@@ -243,7 +243,19 @@ class _Py4JNoise(logging.Filter):
 _PY4J_NOISE: Final = _Py4JNoise()
 
 
+def _broken_update(server: Any, request: Any, client_address: Any) -> None:
+    logging.getLogger(__name__).debug("a task's accumulator update from %s broke off", client_address)
+
+
 def quiet_py4j() -> None:
     """Keep Py4J's tracebacks off stderr: on a broken connection it logs one to the root
-    logger, while the caller gets the same failure as an exception (and says it in one line)."""
+    logger, while the caller gets the same failure as an exception (and says it in one line).
+    The same for PySpark's accumulator server, which the JVM tells each Python task's
+    updates: a JVM that dies while telling one would make ``socketserver`` print a traceback."""
     logging.getLogger().addFilter(_PY4J_NOISE)
+    from pyspark import accumulators
+
+    for name in ("AccumulatorTCPServer", "AccumulatorUnixServer"):
+        server = getattr(accumulators, name, None)
+        if server is not None:
+            server.handle_error = _broken_update

@@ -50,6 +50,10 @@ class Expected:
     # Per group, and the latency split (queue wait, processing) per topic.
     groups: dict[tuple[str, str, int], Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     split: dict[tuple[str, str], list[float]] = field(default_factory=lambda: defaultdict(list))
+    # Deliveries per consumer: (topic, group, consumer, hour) → delivered, redelivered.
+    consumers: dict[tuple[str, str, str, int], Counter[str]] = field(
+        default_factory=lambda: defaultdict(Counter)
+    )
 
     def daily(self) -> dict[tuple[str, str], Counter[str]]:
         out: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
@@ -105,6 +109,12 @@ def expected_from(paths: Iterable[Path], since: float | None = None) -> Expected
             counts = out.groups[(event["topic"], event["group"], int(t // 3600) * 3600)]
             counts[event["ev"]] += 1
             counts["redelivered"] += event["ev"] == "delivered" and event["attempt"] > 1
+            if event["ev"] == "delivered" and event.get("consumer"):
+                mine = out.consumers[
+                    (event["topic"], event["group"], event["consumer"], int(t // 3600) * 3600)
+                ]
+                mine["delivered"] += 1
+                mine["redelivered"] += event["attempt"] > 1
         if "topic" not in event:
             continue
         key = (event["topic"], int(t // 3600) * 3600)
@@ -204,8 +214,36 @@ def check_output(spark: SparkSession, output: Path, want: Expected) -> dict[str,
     for group_key, row in groups.items():
         check_counts(row, want.groups.get(group_key, Counter()), GROUP_SUMS)
 
+    consumers = (
+        {
+            (r["topic"], r["group"], r["consumer"], int(r["hour_s"])): r.asDict()
+            for r in spark.read.parquet(str(output / "consumers"))
+            .withColumn("hour_s", F.col("hour").cast("long"))
+            .collect()
+        }
+        if list((output / "consumers").glob("day=*"))  # no day: no delivery named a consumer
+        else {}
+    )
+    assert set(consumers) == set(want.consumers)
+    for consumer_key, row in consumers.items():
+        check_counts(row, want.consumers[consumer_key], ("delivered", "redelivered"))
+
     summary: dict[str, Any] = json.loads((output / "summary.json").read_text())
-    assert set(summary) == {"generated_at", "topics", "days", "window", "histogram_bounds_ms", "groups"}
+    assert set(summary) == {
+        "generated_at",
+        "topics",
+        "days",
+        "window",
+        "histogram_bounds_ms",
+        "groups",
+        "consumers",
+    }
+    totals: dict[tuple[str, str, str], Counter[str]] = defaultdict(Counter)
+    for (topic, group, consumer, _), counts in want.consumers.items():
+        totals[(topic, group, consumer)].update(counts)
+    assert {(c["topic"], c["group"], c["consumer"]): c["delivered"] for c in summary["consumers"]} == {
+        key: counts["delivered"] for key, counts in totals.items()
+    }
     want_topics = want.topics()
     assert set(summary["topics"]) == set(want_topics)
     for topic, entry in summary["topics"].items():
@@ -412,6 +450,7 @@ def test_real_node_archive_gives_the_same_numbers_as_plain_python(
     assert topics["orders"]["retried"] >= 100 and topics["emails"]["retried"] >= 50
     assert topics["orders"]["acked"] + topics["orders"]["dead_lettered"] == 2000
     assert topics["emails"]["redelivered"] >= 50 and want.skipped == 0
+    assert want.consumers  # each pull names its consumer ("http:<address>")
 
     assert main(["analytics", "--input", str(data), "--output", str(tmp_path / "out")]) == 0
     summary = check_output(spark, tmp_path / "out", want)
