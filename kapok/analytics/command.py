@@ -114,6 +114,7 @@ def _absolute(spec: str) -> str:
 
 
 def _run_once(session: SparkSession, args: argparse.Namespace, output: str) -> None:
+    from kapok.analytics import transforms as tf
     from kapok.analytics.incremental import run_incremental
     from kapok.analytics.job import run_job
 
@@ -142,7 +143,11 @@ def _run_once(session: SparkSession, args: argparse.Namespace, output: str) -> N
     took = time.monotonic() - started
     if result is None:  # nothing new
         return
+    windows_table, groups_table = tf.table_names(args.window)
+    tables = ", ".join(
+        f"{name}/" for name in (windows_table, "daily", groups_table, tf.consumers_table(args.window))
+    )
     progress(
-        f"{result.topics} topics, {result.topic_hours} topic-hours → {output} "
-        f"(summary.json, hourly/, daily/) in {took:.1f} s"
+        f"{result.topics} topics, {result.topic_hours} topic-windows → {output} "
+        f"(summary.json, {tables}) in {took:.1f} s"
     )
