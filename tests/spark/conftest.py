@@ -30,8 +30,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
-    from kapok.analytics.session import build_session, require_runtime
+def spark_runtime() -> None:
+    """Skip without Java or PySpark, except on CI, where their absence is a failure."""
+    from kapok.analytics.session import require_runtime
 
     try:
         require_runtime()
@@ -39,6 +40,12 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
         if os.environ.get("CI"):
             raise
         pytest.skip(f"no Spark here: {exc.message}")
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory, spark_runtime: None) -> Iterator[SparkSession]:
+    from kapok.analytics.session import build_session
+
     session = build_session(
         "local[2]",
         app_name="kapok tests",

@@ -10,7 +10,6 @@ with nothing new calls no JVM. Then a JVM out of memory for real (Spark exits wi
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -22,25 +21,13 @@ import psutil
 import pytest
 
 from kapok.analytics.bench import write_archive
-from kapok.errors import AnalyticsError
 from kapok.testing.slow import scaled
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(scaled(600))]
+# spark_runtime: tests/spark/conftest.py (these start the CLI's own session, not the shared one)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(scaled(600)), pytest.mark.usefixtures("spark_runtime")]
 
 START_S = scaled(300.0)  # Spark's start and, with --watch, a whole first run: on a loaded machine
 END_S = scaled(60.0)  # from the kill to the command's own end
-
-
-@pytest.fixture(autouse=True)
-def _runtime() -> None:
-    from kapok.analytics.session import require_runtime
-
-    try:
-        require_runtime()
-    except AnalyticsError as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"no Spark here: {exc.message}")
 
 
 class Command:
