@@ -120,6 +120,12 @@ def _bind_error(exc: OSError, what: str) -> OSError:
 
 
 async def _serve(config: Config, seams: Seams | None = None) -> None:
+    # The stop signals are caught from here on, not only once the node listens: a SIGTERM
+    # during start-up (recovery, binding), or just after the "listening" line, would
+    # otherwise meet Python's default action and end the node on the spot, with no snapshot
+    # and the archiver left to finish alone. Such a signal lets the start-up finish and then
+    # stops the node cleanly; a second one exits at once, as always.
+    stop_signal = _stop_signals()
     sock = _bind(config.server.host, config.server.port)
     if config.server.port == 0:
         config = dataclasses.replace(
@@ -155,7 +161,7 @@ async def _serve(config: Config, seams: Seams | None = None) -> None:
         log.info(
             "node %s listening on %s (push_type %d)", service.node_name, service.http_url, config.mq.push_type
         )
-        signame = await _first_signal()
+        signame = await stop_signal
         started = time.monotonic()
         log.info("%s received: shutting down (a second signal exits at once)", signame)
         await site.stop()
@@ -173,8 +179,9 @@ async def _serve(config: Config, seams: Seams | None = None) -> None:
     log.info("stopped cleanly in %.3f s", time.monotonic() - started)
 
 
-async def _first_signal() -> str:
-    """Wait for SIGINT or SIGTERM; from then on, another one ends the process at once."""
+def _stop_signals() -> asyncio.Future[str]:
+    """Catch SIGINT and SIGTERM: the first one sets the returned future (the signal's name),
+    and from then on another one ends the process at once."""
     loop = asyncio.get_running_loop()
     received: asyncio.Future[str] = loop.create_future()
 
@@ -186,7 +193,7 @@ async def _first_signal() -> str:
 
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, first, sig)
-    return await received
+    return received
 
 
 def _exit_now(sig: signal.Signals) -> None:

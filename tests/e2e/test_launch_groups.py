@@ -5,6 +5,7 @@ last step (``kapok.testing.leakcheck``) kills and reports any group a test left 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,7 @@ import psutil
 import pytest
 
 from kapok import launch
-from kapok.launch import NodeProcess, live_groups, reap_groups, spawn_group, start_node, wait_for
+from kapok.launch import NodeProcess, kill_group, live_groups, reap_groups, spawn_group, start_node, wait_for
 from kapok.testing.slow import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -63,6 +64,32 @@ def test_stop_ends_the_node_and_its_archiver(tmp_path: Path) -> None:
     assert code == 0
     assert _gone(node.pid) and _gone(archiver.pid)
     assert node.pid not in launch._groups
+
+
+def test_a_stop_signal_during_start_up_lets_it_finish_and_stops_cleanly(tmp_path: Path) -> None:
+    # The SIGTERM lands while the node recovers its store, before it listens. Python's
+    # default action used to end the node on the spot (exit -15, no shutdown snapshot), and
+    # a stop just after the "listening" line could meet the same gap (CI saw it, loaded).
+    args = [sys.executable, "-m", "kapok", "serve", "--set", "server.port=0"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KAPOK_")}
+    proc = spawn_group(args, cwd=tmp_path, env=env)
+    assert proc.stdout is not None
+    try:
+        lines: list[str] = []
+        for line in proc.stdout:  # ends at EOF, if the node dies first
+            lines.append(line)
+            if "kapok.storage: recovered" in line:
+                proc.send_signal(signal.SIGTERM)
+                break
+        lines += proc.stdout.read().splitlines(keepends=True)  # to EOF: the node's exit
+        out = "".join(lines)
+        assert proc.wait(scaled(20.0)) == 0, out
+        assert "SIGTERM received: shutting down" in out, out
+        assert "archiver finished (exit code 0" in out and "stopped cleanly" in out, out
+    finally:
+        kill_group(proc.pid)
+        proc.wait(scaled(10.0))
+        proc.stdout.close()
 
 
 def test_reap_groups_kills_and_reports_what_was_left_running() -> None:
