@@ -5,8 +5,9 @@ A benchmark, not a test: it prints figures and asserts nothing about speed.
 1. Writes an archive of ``--events`` lifecycle events into a storage dir's
    ``archive/`` (``--dir``, else a temporary directory), shaped like a busy node's:
    ``--topics`` topics over ``--days`` days, each message published, delivered and
-   acked, 5 % of them retried and delivered again, 1 % dead-lettered, in files of at
-   most 64 MiB (the archive's rotation size). Not timed as part of the job.
+   acked, 5 % of them retried and delivered again, 1 % dead-lettered, in time order in
+   files of at most 64 MiB (the archive's rotation size: each file a stretch of
+   time). Not timed as part of the job.
 2. Runs ``kapok analytics --input DIR`` as a child process, exactly as a user would
    (Spark's start-up included), and samples the resident memory of the child's whole
    process tree (the Python driver, the JVM, Python workers) every 0.1 s from /proc.
@@ -18,7 +19,8 @@ A benchmark, not a test: it prints figures and asserts nothing about speed.
    generation).
 
 ``--incremental N`` then adds N new events (new files, in the last hour of the span) and
-runs the job again: an incremental run, which recomputes the last day only. ``--watch N``
+runs the job again: an incremental run, which reads the last day's files and what the
+full run carried of the days before, and recomputes the last day only. ``--watch N``
 instead starts ``kapok analytics --watch`` (one session kept), waits for its first run,
 adds N new events and times them into figures: from the files written to the end of the
 run that read them. ``--events 0`` measures the fixed cost (an empty archive); the cost
@@ -50,6 +52,7 @@ __all__ = ["JobRun", "main", "run_job", "run_watch", "tree_usage", "write_archiv
 
 FILE_BYTES: Final = 64 * 2**20
 SAMPLE_S: Final = 0.1
+EVENTS_PER_MESSAGE: Final = 3.1  # published, delivered, acked; 5 % retried and delivered again
 START: Final = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
 
@@ -58,11 +61,10 @@ def _progress(text: str) -> None:
 
 
 def _message_events(
-    rng: random.Random, i: int, topics: int, span_s: float, start: float = START
+    rng: random.Random, i: int, topics: int, t: float, start: float = START
 ) -> list[dict[str, Any]]:
     topic = f"topic-{i % topics}"
     code = f"{int(start):08x}{i:024x}"
-    t = start + rng.random() * span_s
     base = {"code": code, "topic": topic, "group": "default"}
     events: list[dict[str, Any]] = [
         {"ev": "published", "code": code, "topic": topic, "t": t, "create_time": t, "deliver_at": t,
@@ -97,13 +99,16 @@ def write_archive(
     archive.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     written = total = file_no = 0
+    # Messages in time order, as an archiver writes them (each file a stretch of time):
+    # about 3.1 events a message.
+    step_s = days * 86400.0 / max(1.0, events / EVENTS_PER_MESSAGE)
     out = None
     i = 0
     try:
         while written < events:
             chunk: list[dict[str, Any]] = []
             while written + len(chunk) < events and len(chunk) < 50_000:
-                chunk.extend(_message_events(rng, i, topics, days * 86400.0, start))
+                chunk.extend(_message_events(rng, i, topics, start + (i + rng.random()) * step_s, start))
                 i += 1
             chunk = chunk[: events - written]  # exactly ``events``: the last message may be cut short
             data = dumps_lines(chunk, "ev") + b"\n"

@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from typing import Any, Final
 
@@ -36,7 +36,16 @@ import pyarrow.compute as pc
 
 from kapok.analytics.kinds import COUNTED_EVENTS, HIST_BOUNDS_MS, NEWER_EVENTS, PERCENTILES, SUMS
 from kapok.analytics.lifecycle import Lives
-from kapok.analytics.reading import EMPTY_EVENTS, FileScan, ipc_bytes, ipc_table, read_events, scan
+from kapok.analytics.reading import (
+    EMPTY_EVENTS,
+    EVENT_FIELDS,
+    FileScan,
+    events_of,
+    ipc_bytes,
+    ipc_table,
+    read_events,
+    scan,
+)
 from kapok.analytics.transforms import BacklogRow, ConsumerRow, CountRow, StatRow
 from kapok.analytics.unique import unique
 
@@ -53,10 +62,10 @@ __all__ = [
 
 # The rows ``lives`` and ``stats`` give Spark (DDL): ``kind`` says which: "n" (the events
 # in the window: ``data`` their number), "c" (counts), "d" (deliveries per consumer),
-# "b" (backlog parts), "s" (a
-# duration's stats per window), all small, with their figures as JSON in ``data``; and
-# "v": the durations of one topic × metric, ``blob`` an Arrow IPC stream of
-# (``window_t``, ``value``).
+# "b" (backlog parts), "s" (a duration's stats per window), all small, with their figures
+# as JSON in ``data``; "v": the durations of one topic × metric, ``blob`` an Arrow IPC
+# stream of (``window_t``, ``value``); "k": events carried to a later run (``blob``: an
+# Arrow IPC stream of ``reading.EVENT_FIELDS``, ``window_t``: the time they precede).
 OUT_DDL: Final = "kind STRING, topic STRING, metric STRING, window_t LONG, data STRING, blob BINARY"
 OUT_FIELDS: Final = pa.schema(
     [
@@ -153,11 +162,14 @@ def lives(
     since_t: float | None,
     days: Sequence[str] | None,
     starts: Mapping[str, Mapping[str, float]],
+    carry_t: float | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Every event of the codes it has (``reading.EVENT_FIELDS``) → rows of ``OUT_DDL``: "n"
     (the unique events at or after ``since_t``), "c", "b" and "v" (durations at or after
     ``since_t``); ``days`` (``YYYY-MM-DD``) limits the counts. ``starts``: per topic, per
-    group, the time of the group's first event in the whole input."""
+    group, the time of the group's first event in the whole input. With ``carry_t``, also
+    "k" rows: the events before ``carry_t`` of the messages still open then (``blob``), what
+    a later run that starts at ``carry_t`` needs of the time before it."""
     events = unique(events)
     recent = events if since_t is None else events.filter(pc.greater_equal(events["t"], since_t))
     rows = [_row("n", None, data=recent.num_rows)]
@@ -175,14 +187,21 @@ def lives(
             for name in ("code", "ev", "topic", "group", "t", "create_time", "deliver_at", "attempt")
         )
         n = len(codes)
+        carried: list[int] = []
         i = 0
         while i < n:
             j = i + 1
             while j < n and codes[j] == codes[i]:
                 j += 1
-            found.message(evs, topics, groups, ts, creates, delivers, attempts, i, j)
+            closed = found.message(evs, topics, groups, ts, creates, delivers, attempts, i, j)
+            if carry_t is not None and (closed is None or closed >= carry_t):
+                carried.extend(k for k in range(i, j) if ts[k] < carry_t)
             i = j
         yield _packed(found)
+        if carried:
+            row = _row("k", None, int(carry_t or 0))
+            row["blob"] = ipc_bytes(chunk.take(pa.array(carried, pa.int64())))
+            yield pa.RecordBatch.from_pylist([row], schema=OUT_FIELDS)
     backlog = [
         _row("b", topic, window_t, data=[group, *parts])
         for (topic, group, window_t), parts in found.backlog.items()
@@ -270,9 +289,12 @@ def _figures(ordered: np.ndarray[Any, np.dtype[np.float64]]) -> list[Any]:
 # The whole of it
 
 
-def merge_starts(scans: Iterable[FileScan]) -> dict[str, dict[str, float]]:
-    """Per topic, per group: the time of the group's first event over every file's scan."""
-    starts: dict[str, dict[str, float]] = {}
+def merge_starts(
+    scans: Iterable[FileScan], earlier: Mapping[str, Mapping[str, float]] | None = None
+) -> dict[str, dict[str, float]]:
+    """Per topic, per group: the time of the group's first event over every file's scan
+    (and ``earlier``: what a run before found, in the same shape)."""
+    starts = {topic: dict(groups) for topic, groups in (earlier or {}).items()}
     for one in scans:
         for (topic, group), t in one.starts.items():
             mine = starts.setdefault(topic, {})
@@ -283,13 +305,15 @@ def merge_starts(scans: Iterable[FileScan]) -> dict[str, dict[str, float]]:
 @dataclass(frozen=True, slots=True)
 class Figures:
     """What ``lives`` and ``stats`` found, gathered: the unique events at or after the
-    window's start, and the rows ``kapok.analytics.transforms`` makes the tables of."""
+    window's start, the rows ``kapok.analytics.transforms`` makes the tables of, and the
+    events carried to a later run (``lives``' ``carry_t``)."""
 
     events: int
     counts: list[CountRow]
     consumers: list[ConsumerRow]
     stats: list[StatRow]
     parts: list[BacklogRow]
+    carry: pa.Table = field(default_factory=EVENT_FIELDS.empty_table)
 
 
 def decode(rows: pa.Table) -> Figures:
@@ -311,6 +335,7 @@ def decode(rows: pa.Table) -> Figures:
             for row, figures in data("s")
         ],
         parts=[BacklogRow(row["topic"], parts[0], row["window_t"], *parts[1:]) for row, parts in data("b")],
+        carry=events_of(rows.filter(pc.equal(rows["kind"], "k"))["blob"].to_pylist()),
     )
 
 
@@ -320,10 +345,18 @@ def figures_of(
     window_s: int,
     since_t: float | None = None,
     days: Sequence[str] | None = None,
+    carry_t: float | None = None,
+    carried: pa.Table | None = None,
+    starts: Mapping[str, Mapping[str, float]] | None = None,
 ) -> tuple[Figures, list[FileScan]]:
     """The job's figures of ``files`` (their bytes) in this process, with no Spark and one
-    partition: what the job's Spark stages compute, for tests and small inputs."""
+    partition: what the job's Spark stages compute, for tests and small inputs. With
+    ``carried`` (an earlier run's ``Figures.carry`` at ``since_t``, and its ``starts``) the
+    run resumes: of ``files`` only the events at or after ``since_t`` are read."""
     scans = [scan(data, since_t) for data in files]
-    events = pa.concat_tables([EMPTY_EVENTS, *(read_events(data) for data in files)])
-    found = lives(events, window_s=window_s, since_t=since_t, days=days, starts=merge_starts(scans))
+    from_t = None if carried is None else since_t
+    read = [read_events(data, from_t) for data in files]
+    events = pa.concat_tables([EMPTY_EVENTS, *([] if carried is None else [carried]), *read])
+    first = merge_starts(scans, starts)
+    found = lives(events, window_s=window_s, since_t=since_t, days=days, starts=first, carry_t=carry_t)
     return decode(pa.Table.from_batches(list(stats(found)), schema=OUT_FIELDS)), scans

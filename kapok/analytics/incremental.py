@@ -9,18 +9,19 @@ job restricted to the days those touch. With nothing new, no job runs. The ledge
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from kapok.analytics import ledger as lg
-from kapok.analytics.ledger import FileSpan, FileStamp, Ledger
+from kapok.analytics.ledger import Carried, FileSpan, FileStamp, Ledger
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from kapok.analytics.job import JobResult
+    from kapok.analytics.job import JobResult, Resume
 
 __all__ = ["list_files", "read_ledger", "run_incremental", "scan_files"]
 
@@ -116,7 +117,7 @@ def run_incremental(
     progress: Callable[[str], None],
 ) -> JobResult | None:
     """A run that recomputes the days of what is new since the ledger's run (or every day),
-    then the new ledger; None when nothing is new (no job ran)."""
+    then what it carries and the new ledger; None when nothing is new (no job ran)."""
     from kapok.analytics.job import run_job, write_text
 
     current = list_files(spark, sources)
@@ -125,27 +126,91 @@ def run_incremental(
     window = str(settings.get("window", "hour"))
     if plan.full:  # the job's own first pass gives every file's times: no scan
         progress(f"a full run: {plan.reason}")
-        result = run_job(spark, sorted(current), output, now=now, progress=progress, window=window)
+        result = run_job(
+            spark, sorted(current), output, now=now, progress=progress, window=window, carry=True
+        )
         times = {file_key(name): span for name, span in result.file_times.items()}
         scanned = {path: FileSpan(stamp, *times.get(path, (None, None))) for path, stamp in current.items()}
     elif not plan.new:
         progress(f"nothing new in the {len(current)} file(s) read before: the tables stay as they are")
-        result, scanned = None, {}
+        assert before is not None  # a plan that is not full has a ledger
+        ledger = lg.merge(before, current, {}, settings, before.carried)  # gone files leave it
+        write_text(spark, output.rstrip("/") + "/" + lg.LEDGER_FILE, lg.encode(ledger))
+        return None
     else:
+        assert before is not None
         scanned = scan_files(spark, {path: current[path] for path in plan.new})
-        days = sorted(lg.touched_days(before, scanned))
+        touched = lg.touched_days(before, scanned)
         known = lg.merge(before, current, scanned, settings).files
+        resume = _resume(spark, output, before.carried, touched)
+        last_t = max((span.last_t for span in known.values() if span.last_t is not None), default=None)
+        days = sorted(touched) if resume is None else lg.resumed_days(before.carried, touched, last_t) or []
+        files = sorted(current) if resume is None else lg.files_from(known, resume.t)
         progress(
             f"an incremental run: {len(plan.new)} new or grown file(s) of {len(current)}, "
-            f"{len(days)} day(s) to recompute ({', '.join(days) or 'none'}), "
-            f"from {len(lg.files_for_days(known, days))} file(s)"
+            f"{len(days)} day(s) to recompute ({', '.join(days) or 'none'}), from {len(files)} file(s)"
+            + ("" if resume is None else f" and what the run before carried from {days[0]}")
         )
-        # Every file is read: a message's life crosses days and files (a backlog is a running
+        # Without what the run before carried (or with a new file older than it), every
+        # file is read: a message's life crosses days and files (a backlog is a running
         # sum over all of it), but only the touched days are counted and written.
-        result = run_job(spark, sorted(current), output, days=days, now=now, progress=progress, window=window)
+        result = run_job(
+            spark,
+            files,
+            output,
+            days=days,
+            now=now,
+            progress=progress,
+            window=window,
+            resume=resume,
+            carry=True,
+        )
+    carried = None if result.carried is None else _write_carried(spark, output, result.carried, now)
     write_text(
         spark,
         output.rstrip("/") + "/" + lg.LEDGER_FILE,
-        lg.encode(lg.merge(before, current, scanned, settings)),
+        lg.encode(lg.merge(before, current, scanned, settings, carried)),
     )
+    _forget_carried(spark, output, keep=None if carried is None else carried.name)
     return result
+
+
+def _resume(spark: SparkSession, output: str, carried: Carried | None, touched: set[str]) -> Resume | None:
+    """What the run before carried, when this run can start there (its files still exist)."""
+    from kapok.analytics.job import Resume
+
+    if carried is None or lg.resumed_days(carried, touched) is None:
+        return None
+    uri = f"{output.rstrip('/')}/{lg.CARRY_DIR}/{carried.name}"
+    if _read_text(spark, uri + "/_SUCCESS") is None:  # removed by hand, or a copy of the output
+        return None
+    return Resume(carried.t, uri, {topic: dict(groups) for topic, groups in carried.starts.items()})
+
+
+def _write_carried(spark: SparkSession, output: str, resume: Resume, now: float) -> Carried:
+    """Write what a run carries under a new name (the ledger, written next, names it)."""
+    from kapok.analytics.job import write_events
+
+    name = f"run-{int(now * 1000)}"
+    assert not isinstance(resume.events, str)  # a run gives the table
+    write_events(spark, resume.events, f"{output.rstrip('/')}/{lg.CARRY_DIR}/{name}")
+    return Carried(resume.t, name, resume.starts)
+
+
+def _forget_carried(spark: SparkSession, output: str, keep: str | None) -> None:
+    """Remove what earlier runs carried (all but ``keep``): the ledger no longer names it."""
+    base = f"{output.rstrip('/')}/{lg.CARRY_DIR}"
+    if _is_local(base):
+        root = Path(file_key(base))
+        for child in root.iterdir() if root.is_dir() else []:
+            if child.name != keep:
+                shutil.rmtree(child, ignore_errors=True)
+        return
+    jvm: Any = spark.sparkContext._jvm
+    conf: Any = spark.sparkContext._jsc.hadoopConfiguration()
+    path = jvm.org.apache.hadoop.fs.Path(base)
+    fs = path.getFileSystem(conf)
+    if fs.exists(path):
+        for status in fs.listStatus(path):
+            if status.getPath().getName() != keep:
+                fs.delete(status.getPath(), True)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -56,7 +56,17 @@ from kapok.analytics import transforms as tf
 from kapok.analytics.session import first_line
 from kapok.errors import AnalyticsError
 
-__all__ = ["SUMMARY_FILE", "JobResult", "archive_files", "run_job", "scan_files", "write_text"]
+__all__ = [
+    "SUMMARY_FILE",
+    "JobResult",
+    "Resume",
+    "archive_files",
+    "carried_events",
+    "run_job",
+    "scan_files",
+    "write_events",
+    "write_text",
+]
 
 SUMMARY_FILE = "summary.json"
 DAY_S = 86400
@@ -75,6 +85,20 @@ class JobResult:
     kept_days: tuple[str, ...] = ()  # recomputed days left as written: the archive lost some events
     # per file read (as Spark names it): its first and last event time, None without events
     file_times: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
+    # with ``carry``: what a later run resumes from (``Resume``)
+    carried: Resume | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """What a run needs of the time before ``t`` (a UTC midnight) to start there: the events
+    before ``t`` of the messages still open at ``t`` (``events``: a Parquet table's URI, or
+    the table itself as a run gives it), and per topic, per group, the time of the group's
+    first event."""
+
+    t: float
+    events: str | pa.Table
+    starts: dict[str, dict[str, float]]
 
 
 def run_job(
@@ -87,14 +111,19 @@ def run_job(
     now: float,
     progress: Callable[[str], None] = lambda text: None,
     window: str = "hour",
+    resume: Resume | None = None,
+    carry: bool = False,
 ) -> JobResult:
     """Run the job over ``sources`` (files, directories, globs or URIs) into ``output``.
 
     ``days`` (``YYYY-MM-DD``, UTC): only those days are counted and written (an incremental
     run's); every event read still counts in the messages' lives (backlog, latencies).
+    ``resume``: start at ``resume.t`` (its days and after): of ``sources`` only the events
+    from then on are read, and the time before is what ``resume`` carries. ``carry``: give
+    what a later run needs to start at the last day's midnight (``JobResult.carried``).
     """
     try:
-        return _run(spark, sources, output, since_t, now, progress, days, window)
+        return _run(spark, sources, output, since_t, now, progress, days, window, resume, carry)
     except (PySparkException, Py4JError) as exc:
         raise AnalyticsError(f"the Spark job failed: {_spark_error_line(exc)}") from exc
 
@@ -108,13 +137,19 @@ def _run(
     progress: Callable[[str], None],
     days: Sequence[str] | None = None,
     window: str = "hour",
+    resume: Resume | None = None,
+    carry: bool = False,
 ) -> JobResult:
     # A window is widened to whole days: every day partition it touches is recomputed
     # from all of that day's events the archive still holds, never from a part of them.
     since_t = None if since_t is None else math.floor(since_t / DAY_S) * DAY_S
-    with _read(spark, sources, since_t) as read:
+    if resume is not None:
+        since_t = resume.t if since_t is None else max(since_t, resume.t)
+    with _read(spark, sources, since_t, resume) as read:
         scans = _scans(read)
-        figures = _figures(read, since_t, window, days, engine.merge_starts(scans.values()))
+        starts = engine.merge_starts(scans.values(), resume.starts if resume else {})
+        carry_t = _carry_t(scans.values(), resume) if carry else None
+        figures = _figures(read, since_t, window, days, starts, carry_t)
     file_times = {name: (scan.first_t, scan.last_t) for name, scan in scans.items()}
     skipped = sum(scan.skipped for scan in scans.values())
     count = sum(scan.events for scan in scans.values())
@@ -171,7 +206,19 @@ def _run(
         topic_rows, day_rows, generated_at, group_rows, window, tf.consumer_totals(consumers)
     )
     write_text(spark, _join(output, SUMMARY_FILE), orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
-    return JobResult(output, count, skipped, len(topic_rows), len(hourly), summary, tuple(kept), file_times)
+    carried = None if carry_t is None else Resume(carry_t, figures.carry, starts)
+    return JobResult(
+        output, count, skipped, len(topic_rows), len(hourly), summary, tuple(kept), file_times, carried
+    )
+
+
+def _carry_t(scans: Iterable[reading.FileScan], resume: Resume | None) -> float | None:
+    """The midnight (UTC) that starts the input's last day; never before ``resume.t``."""
+    last = max((scan.last_t for scan in scans if scan.last_t is not None), default=None)
+    if last is None:
+        return None if resume is None else resume.t
+    t = math.floor(last / DAY_S) * DAY_S
+    return t if resume is None else max(t, resume.t)
 
 
 _COUNTS_DDL = ", ".join(
@@ -207,26 +254,57 @@ def scan_files(files: DataFrame | None) -> dict[str, reading.FileScan]:
 
 
 @contextmanager
-def _read(spark: SparkSession, sources: Sequence[str], since_t: float | None) -> Iterator[DataFrame | None]:
+def _read(
+    spark: SparkSession, sources: Sequence[str], since_t: float | None, resume: Resume | None
+) -> Iterator[DataFrame | None]:
     """Every file of ``sources`` read once (``reading.read_file``: its scan, its events in
-    buckets), kept by Spark for the job's two passes (None without files)."""
+    buckets), and ``resume``'s events in the same buckets, kept by Spark for the job's two
+    passes (None without files)."""
     files = archive_files(spark, sources)
     if files is None:
         yield None
         return
     # More buckets than tasks: Spark hashes a bucket to its task, and some tasks get two.
     buckets = 4 * int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
+    from_t = None if resume is None else resume.t
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for name, data in zip(batch["path"].to_pylist(), batch["content"].to_pylist(), strict=True):
-                yield reading.read_file(name, data, since_t, buckets)
+                yield reading.read_file(name, data, since_t, buckets, from_t)
 
-    read_once = files.mapInArrow(read, reading.BLOB_DDL).persist(StorageLevel.MEMORY_AND_DISK)
+    def bucketed(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            yield reading.bucket_rows(pa.Table.from_batches([batch]).cast(reading.EVENT_FIELDS), buckets)
+
+    rows = files.mapInArrow(read, reading.BLOB_DDL)
+    if resume is not None:
+        rows = rows.unionAll(carried_events(spark, resume).mapInArrow(bucketed, reading.BLOB_DDL))
+    read_once = rows.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         yield read_once
     finally:
         read_once.unpersist()
+
+
+# ``reading.EVENT_FIELDS`` as Spark's DDL: the carried events' Parquet table.
+EVENTS_DDL: Final = (
+    "ev STRING, code STRING, topic STRING, `group` STRING, t DOUBLE, create_time DOUBLE, "
+    "deliver_at DOUBLE, size BIGINT, attempt INT, run STRING, lsn BIGINT, consumer STRING"
+)
+
+
+def carried_events(spark: SparkSession, resume: Resume) -> DataFrame:
+    """``resume``'s events as a DataFrame (``EVENTS_DDL``)."""
+    if isinstance(resume.events, str):
+        return spark.read.schema(EVENTS_DDL).parquet(resume.events)
+    return spark.createDataFrame(resume.events.cast(reading.EVENT_FIELDS), schema=EVENTS_DDL)
+
+
+def write_events(spark: SparkSession, events: pa.Table, uri: str) -> None:
+    """Write events (``reading.EVENT_FIELDS``) as a Parquet table at ``uri`` (replaced)."""
+    frame = spark.createDataFrame(events.cast(reading.EVENT_FIELDS), schema=EVENTS_DDL)
+    frame.coalesce(1).write.mode("overwrite").parquet(uri)
 
 
 def _scans(rows: DataFrame | None) -> dict[str, reading.FileScan]:
@@ -245,6 +323,7 @@ def _figures(
     window: str,
     days: Sequence[str] | None,
     starts: Mapping[str, Mapping[str, float]],
+    carry_t: float | None,
 ) -> engine.Figures:
     """The engine's figures of ``read``'s events: its buckets shuffled to the tasks,
     ``engine.lives``, the durations shuffled by topic × metric, ``engine.stats``: as
@@ -255,7 +334,9 @@ def _figures(
 
     def lives(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         events = reading.events_of(blob for batch in batches for blob in batch["blob"].to_pylist())
-        return engine.lives(events, window_s=tf.WINDOWS[window], since_t=since_t, days=days, starts=starts)
+        return engine.lives(
+            events, window_s=tf.WINDOWS[window], since_t=since_t, days=days, starts=starts, carry_t=carry_t
+        )
 
     rows = (
         read.where(F.col("kind") == "events")

@@ -9,19 +9,20 @@ files again). The rules, as pure functions:
   (the archive appends to its last file: that one grows). Only new files are scanned
   for their times (``plan``).
 * The days to recompute are the UTC days from a new file's first to its last event,
-  and a grown file's earlier days too (``touched_days``). A run reads every file whose
-  [first, last] touches one of those days (``files_for_days``): each such day is
-  recounted from all of its events, as a full run would.
+  and a grown file's earlier days too (``touched_days``).
 * A file that is gone (retention) changes nothing already written: the days it held
   keep their partitions, and it leaves the ledger.
 * No ledger, one that does not read, another ``--window`` or another set of inputs:
   a full run, and the reason says why (``plan``).
 
-A run reads every file still in the archive, not only those of the touched days: a
-message's life crosses days and files (its publish, deliveries and ack; a group's backlog
-is a running sum over all of them), so a recomputed day equals a full run's. What an
-incremental run saves is the recount and rewrite of the other days, and the scan of the
-files already known.
+A message's life crosses days and files (its publish, deliveries and ack; a group's
+backlog is a running sum over all of them), so a run also carries what a later run needs
+of the time before the midnight that starts the input's last day (``Carried``: the events
+before it of the messages open then, and each group's first event). The next run starts
+there when no touched day is earlier (``resumed_days``): it reads only the files with an
+event from then on (``files_from``) and the carried events, and recomputes every day from
+that midnight to the input's last, each equal to a full run's. Otherwise it reads every
+file, and still writes only the touched days.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 __all__ = [
+    "CARRY_DIR",
     "LEDGER_FILE",
+    "Carried",
     "FileSpan",
     "FileStamp",
     "Ledger",
@@ -42,13 +45,15 @@ __all__ = [
     "Plan",
     "decode",
     "encode",
-    "files_for_days",
+    "files_from",
     "merge",
     "plan",
+    "resumed_days",
     "touched_days",
 ]
 
 LEDGER_FILE: Final = "_kapok_inputs.json"
+CARRY_DIR: Final = "_kapok_carried"
 VERSION: Final = 1
 _DAY_S: Final = 86400
 
@@ -75,9 +80,21 @@ class FileSpan:
 
 
 @dataclass(frozen=True, slots=True)
+class Carried:
+    """What the run left for the next one to start at ``t`` (a UTC midnight): the events
+    before ``t`` of the messages open then, in ``<output>/CARRY_DIR/<name>``, and per topic,
+    per group, the time of the group's first event."""
+
+    t: float
+    name: str
+    starts: Mapping[str, Mapping[str, float]]
+
+
+@dataclass(frozen=True, slots=True)
 class Ledger:
     settings: Mapping[str, Any]  # what a run's figures depend on besides the files: window, inputs
     files: Mapping[str, FileSpan] = field(default_factory=dict)
+    carried: Carried | None = None  # None: written before runs carried anything, or none did
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,10 +166,28 @@ def touched_days(ledger: Ledger | None, scanned: Mapping[str, FileSpan]) -> set[
     return days
 
 
-def files_for_days(spans: Mapping[str, FileSpan], days: Iterable[str]) -> list[str]:
-    """The files holding an event of one of ``days`` (by their first and last time), sorted."""
-    wanted = set(days)
-    return sorted(path for path, span in spans.items() if _days(span.first_t, span.last_t) & wanted)
+def resumed_days(
+    carried: Carried | None, days: Iterable[str], last_t: float | None = None
+) -> list[str] | None:
+    """The days a run that starts at ``carried.t`` recomputes to cover ``days``: every day
+    from ``carried.t``'s to the last of ``days`` or ``last_t``'s (the input's last event:
+    a change on one day moves the backlog of every later one); None when one of ``days``
+    is earlier (or nothing was carried, or nothing is touched): then every file is read."""
+    wanted = sorted(days)
+    if carried is None or not wanted:
+        return None
+    first = math.floor(carried.t / _DAY_S)
+    if wanted[0] < _day_name(first):
+        return None
+    last = math.floor(datetime.strptime(wanted[-1], "%Y-%m-%d").replace(tzinfo=UTC).timestamp() / _DAY_S)
+    if last_t is not None:
+        last = max(last, math.floor(last_t / _DAY_S))
+    return [_day_name(day) for day in range(first, max(first, last) + 1)]
+
+
+def files_from(spans: Mapping[str, FileSpan], t: float) -> list[str]:
+    """The files with an event at or after ``t``, sorted."""
+    return sorted(path for path, span in spans.items() if span.last_t is not None and span.last_t >= t)
 
 
 def merge(
@@ -160,15 +195,17 @@ def merge(
     current: Mapping[str, FileStamp],
     scanned: Mapping[str, FileSpan],
     settings: Mapping[str, Any],
+    carried: Carried | None = None,
 ) -> Ledger:
-    """The ledger after a run: every current file, scanned now or known from before (gone ones leave)."""
+    """The ledger after a run: every current file, scanned now or known from before (gone
+    ones leave), and what the run carried."""
     known = {} if ledger is None else ledger.files
     files = {
         path: scanned[path] if path in scanned else known[path]
         for path in sorted(current)
         if path in scanned or path in known
     }
-    return Ledger(dict(settings), files)
+    return Ledger(dict(settings), files, carried)
 
 
 def encode(ledger: Ledger) -> str:
@@ -180,6 +217,9 @@ def encode(ledger: Ledger) -> str:
             for path, s in ledger.files.items()
         },
     }
+    if ledger.carried is not None:
+        carried = ledger.carried
+        body["carried"] = {"t": carried.t, "name": carried.name, "starts": carried.starts}
     return json.dumps(body, indent=1, sort_keys=True) + "\n"
 
 
@@ -193,11 +233,30 @@ def decode(text: str) -> Ledger:
         if not isinstance(settings, dict):
             raise LedgerError("no settings")
         files = {str(path): _span(entry) for path, entry in body["files"].items()}
+        carried = _carried(body.get("carried"))
     except LedgerError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise LedgerError(f"not a ledger: {type(exc).__name__}") from None
-    return Ledger(settings, files)
+    return Ledger(settings, files, carried)
+
+
+def _carried(entry: Any) -> Carried | None:
+    """The ``carried`` entry; None when there is none, or it does not read (the next run
+    then reads every file, as before runs carried anything)."""
+    if not isinstance(entry, dict):
+        return None
+    t, name, starts = entry.get("t"), entry.get("name"), entry.get("starts")
+    if not isinstance(t, int | float) or not isinstance(name, str) or not name or "/" in name:
+        return None
+    if not isinstance(starts, dict) or not all(
+        isinstance(groups, dict) and all(isinstance(v, int | float) for v in groups.values())
+        for groups in starts.values()
+    ):
+        return None
+    return Carried(
+        float(t), name, {str(k): {str(g): float(v) for g, v in gs.items()} for k, gs in starts.items()}
+    )
 
 
 def _span(entry: Any) -> FileSpan:

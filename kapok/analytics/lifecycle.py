@@ -96,8 +96,10 @@ class Lives:
         attempts: Sequence[int | None],
         i: int,
         j: int,
-    ) -> None:
-        """One message: its events are rows ``i`` to ``j`` (excluded) of the columns given."""
+    ) -> float | None:
+        """One message: its events are rows ``i`` to ``j`` (excluded) of the columns given.
+        Returns when its last entry ended (every entry gone: acked, dead-lettered, deleted
+        …), −inf with no entry, None while an entry is still unacked or not yet due."""
         topic = None
         created = deliver_at = deleted_t = None
         steps: list[Step] = []
@@ -134,10 +136,13 @@ class Lives:
         if delay_s is not None:
             self._value(topic, "delay", created, created - delay_s)  # type: ignore[operator]
         touched = {step[3] for step in steps}
+        closed: float | None = -math.inf
         for group, start in self.starts.get(topic, {}).items():
             if group in touched or (created is not None and start <= created):
                 own = [step for step in steps if step[3] == group]
-                self._entry(topic, group, created, due, deleted_t, own)
+                gone = self._entry(topic, group, created, due, deleted_t, own)
+                closed = None if closed is None or gone is None else max(closed, gone)
+        return closed
 
     def _entry(
         self,
@@ -147,14 +152,15 @@ class Lives:
         due: float | None,
         deleted_t: float | None,
         own: list[Step],
-    ) -> None:
+    ) -> float | None:
+        """Walk one entry; returns when it was gone (None: it never was)."""
         if due is not None:
             own.append((due, -1.0, _DUE, group, False))
         if deleted_t is not None:
             own.append((deleted_t, _LAST * 2, _DELETED, group, False))
         own.sort()
         state = _UNKNOWN
-        began = ended = first_delivery = last_delivery = acked = acked_delivery = None
+        began = ended = gone = first_delivery = last_delivery = acked = acked_delivery = None
         # The state changes, summed per window before they reach ``backlog``: most entries
         # live within one window (one dict update, not one a change).
         w = self.window_s
@@ -186,6 +192,8 @@ class Lives:
                 began = t
             if state in _UNACKED and new == _GONE:
                 ended = t
+            if gone is None and new == _GONE:
+                gone = t
             if live and kind == _DELIVERED:
                 if first_delivery is None:
                     first_delivery = t
@@ -201,13 +209,14 @@ class Lives:
         self._value(topic, "processing", acked, acked_delivery)
         self._value(topic, "queue_wait", first_delivery, due)
         if began is None:
-            return
+            return gone
         since = due if due is not None else began  # its first known step without its ``published``
         if ended is None:  # unacked at every window end after it began
             parts = self._parts(topic, group, self._w(began))
             parts[2] = since if parts[2] is None else min(parts[2], since)
-            return
+            return gone
         w = self.window_s
         for n in range(math.floor(began / w), math.floor(ended / w)):  # the window ends before its end
             parts = self._parts(topic, group, n * w)
             parts[3] = since if parts[3] is None else min(parts[3], since)
+        return gone

@@ -35,6 +35,7 @@ __all__ = [
     "EMPTY_EVENTS",
     "EVENT_FIELDS",
     "FileScan",
+    "bucket_rows",
     "buckets",
     "events_of",
     "file_scan",
@@ -131,10 +132,15 @@ def _is_event(table: pa.Table) -> pa.ChunkedArray:
     return pc.and_(pc.is_valid(table["ev"]), pc.is_valid(table["t"]))
 
 
-def read_events(data: bytes) -> pa.Table:
-    """The events of one file's bytes."""
+def read_events(data: bytes, from_t: float | None = None) -> pa.Table:
+    """The events of one file's bytes (those at or after ``from_t``)."""
     table, _ = parse_lines(data)
-    return table.filter(_is_event(table))
+    return _events(table, from_t)
+
+
+def _events(table: pa.Table, from_t: float | None) -> pa.Table:
+    events = table.filter(_is_event(table))
+    return events if from_t is None else events.filter(pc.greater_equal(events["t"], from_t))
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,8 +218,11 @@ def buckets(codes: pa.ChunkedArray | pa.Array, n: int) -> np.ndarray[Any, np.dty
     return out
 
 
-def read_file(name: str, data: bytes, since_t: float | None, n: int) -> pa.RecordBatch:
-    """One file's ``BLOB_DDL`` rows: its scan, and its events in ``n`` buckets by code (none for 0)."""
+def read_file(
+    name: str, data: bytes, since_t: float | None, n: int, from_t: float | None = None
+) -> pa.RecordBatch:
+    """One file's ``BLOB_DDL`` rows: its scan, and its events (those at or after ``from_t``)
+    in ``n`` buckets by code (none for 0)."""
     table, bad = parse_lines(data)
     rows: dict[str, list[Any]] = {
         "kind": ["scan"],
@@ -221,7 +230,18 @@ def read_file(name: str, data: bytes, since_t: float | None, n: int) -> pa.Recor
         "name": [name],
         "blob": [pickle.dumps(_scan(table, bad, since_t))],
     }
-    events = table.filter(_is_event(table))
+    for column, values in _bucket_columns(_events(table, from_t), n).items():
+        rows[column] += values
+    return pa.RecordBatch.from_pydict(rows, schema=_BLOB_FIELDS)
+
+
+def bucket_rows(events: pa.Table, n: int) -> pa.RecordBatch:
+    """``events`` (``EVENT_FIELDS``) as "events" rows of ``BLOB_DDL``, one per bucket of ``n``."""
+    return pa.RecordBatch.from_pydict(_bucket_columns(events, n), schema=_BLOB_FIELDS)
+
+
+def _bucket_columns(events: pa.Table, n: int) -> dict[str, list[Any]]:
+    rows: dict[str, list[Any]] = {"kind": [], "key": [], "name": [], "blob": []}
     if events.num_rows and n:
         keys = buckets(events["code"], n)
         ordered = events.take(np.argsort(keys, kind="stable"))
@@ -233,7 +253,7 @@ def read_file(name: str, data: bytes, since_t: float | None, n: int) -> pa.Recor
                 rows["name"].append(None)
                 rows["blob"].append(ipc_bytes(ordered.slice(start, size)))
                 start += size
-    return pa.RecordBatch.from_pydict(rows, schema=_BLOB_FIELDS)
+    return rows
 
 
 def file_scan(blob: bytes) -> FileScan:

@@ -1,16 +1,18 @@
-"""Incremental runs (issue 26): only new archive files are read, only the days they touch rewritten.
+"""Incremental runs: only the days new archive files touch are read and rewritten.
 
 An archive over three days, a file every six hours. A first run is full and writes the
-ledger; a run after a new file of day three rewrites day three only (the other days'
-files stay as they were, to the byte and the mtime), and its tables equal a full run's
-over everything, latencies too, although some acks of the new file have their publish in a
-file of day one. A file gone (retention) changes nothing written; a ledger that does not
+ledger, and carries the messages open at the last day's midnight; a run after a new file
+of day three reads only the files of day three and what was carried, rewrites day three
+only (the other days' files stay as they were, to the byte and the mtime), and its tables
+equal a full run's over everything, latencies too, although an ack of the new file has its
+publish in a file of day one. A file gone (retention) changes nothing written; a ledger that does not
 read, or ``--full``, makes a full run.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,7 +23,7 @@ from pyspark.sql import SparkSession
 
 from kapok.analytics.incremental import run_incremental
 from kapok.analytics.job import run_job
-from kapok.analytics.ledger import LEDGER_FILE, decode
+from kapok.analytics.ledger import CARRY_DIR, LEDGER_FILE, decode
 
 T0 = datetime(2026, 3, 1, 0, 0, tzinfo=UTC).timestamp()  # day one, 00:00 UTC
 FILE_S = 6 * 3600
@@ -114,6 +116,24 @@ def test_a_new_file_rewrites_only_its_days_and_gives_what_a_full_run_gives(
     assert {"daily", "hourly"} <= set(tables)
     assert sorted(before) == [f"{t}/day=2026-03-0{d}" for t in tables for d in (1, 2, 3)]
 
+    # The run carried what a run that starts on day three needs of the days before: the
+    # messages open at its midnight (the late one).
+    carried = ledger.carried
+    assert (
+        carried is not None and carried.t == T0 + 2 * 86400 and carried.starts.keys() == {"orders", "emails"}
+    )
+    assert [p.name for p in (output / CARRY_DIR).iterdir()] == [carried.name]
+    held = spark.read.parquet(str(output / CARRY_DIR / carried.name)).collect()
+    assert [(row["ev"], row["code"]) for row in held] == [("published", "late")]
+
+    originals = {path: path.read_text() for path in sorted(archive.glob("archive-*.jsonl"))[:8]}
+    # The files of days one and two are not read again: garbage of the same size and mtime
+    # would show as skipped lines (and the ledger still takes them as they were).
+    for path in sorted(archive.glob("archive-*.jsonl"))[:8]:
+        stat = path.stat()
+        path.write_bytes(b"x" * (stat.st_size - 1) + b"\n")
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
     # A new file of day three; its acks include one of a message published on day one.
     rng = random.Random(7)
     events = [e for i in range(20) for e in _message(rng, f"new-{i}", end + i * 60, end + i * 60 + 1)]
@@ -121,8 +141,13 @@ def test_a_new_file_rewrites_only_its_days_and_gives_what_a_full_run_gives(
     _write(archive, end, events)
     said = _run(spark, archive, output, end + 3600)
     assert said[0] == (
-        "an incremental run: 1 new or grown file(s) of 11, 1 day(s) to recompute (2026-03-03), from 3 file(s)"
+        "an incremental run: 1 new or grown file(s) of 11, 1 day(s) to recompute (2026-03-03), "
+        "from 3 file(s) and what the run before carried from 2026-03-03"
     )
+    assert not any("skipped" in line for line in said), said
+    now_carried = decode((output / LEDGER_FILE).read_text()).carried
+    assert now_carried is not None and now_carried.name != carried.name
+    assert [p.name for p in (output / CARRY_DIR).iterdir()] == [now_carried.name]  # the old one went
     after = _partitions(output)
     for day in ("2026-03-01", "2026-03-02"):
         for table in tables:
@@ -130,6 +155,10 @@ def test_a_new_file_rewrites_only_its_days_and_gives_what_a_full_run_gives(
     assert after["daily/day=2026-03-03"] != before["daily/day=2026-03-03"]
 
     recount = tmp_path / "recount"
+    for path, text in originals.items():  # as they were, mtime too
+        stat = path.stat()
+        path.write_text(text)
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     run_job(spark, [str(archive)], str(recount), now=end + 3600)
     for table in tables:
         mine, full = _rows(spark, output, table), _rows(spark, recount, table)  # latencies included

@@ -61,16 +61,13 @@ def test_what_makes_a_run_full(
     assert plan.reason.startswith(reason)
 
 
-def test_the_days_of_new_files_and_the_files_of_those_days() -> None:
+def test_the_days_of_new_files() -> None:
     before = _ledger(a=A, b=_span(150, D1 + DAY - 60, D1 + DAY - 1))  # b: day one, then it grew
     scanned = {"b": B, "c": C}
     days = lg.touched_days(before, scanned)
     assert days == {"2026-03-01", "2026-03-02", "2026-03-03"}
     assert lg.touched_days(before, {"c": C}) == {"2026-03-03"}
     assert lg.touched_days(None, {"e": _span(0, None, None)}) == set()  # no events: no day
-    spans = {"a": A, "b": B, "c": C, "e": _span(0, None, None)}
-    assert lg.files_for_days(spans, {"2026-03-02"}) == ["b"]
-    assert lg.files_for_days(spans, {"2026-03-01"}) == ["a", "b"]
 
 
 def test_gone_files_leave_the_ledger_and_scanned_ones_replace_their_entry() -> None:
@@ -90,3 +87,30 @@ def test_the_ledger_reads_back_and_a_corrupt_one_is_an_error() -> None:
     broken = lg.encode(ledger).replace('"first_t": null', '"first_t": 3')
     with pytest.raises(lg.LedgerError, match="broken times"):
         lg.decode(broken)
+
+
+def test_a_run_resumes_at_the_carried_midnight_when_nothing_new_is_older() -> None:
+    carried = lg.Carried(D1 + DAY, "run-1", {"t": {"g": D1 + 5}})
+    assert lg.resumed_days(carried, {"2026-03-03"}) == ["2026-03-02", "2026-03-03"]  # from its day on
+    assert lg.resumed_days(carried, {"2026-03-02"}) == ["2026-03-02"]
+    assert lg.resumed_days(carried, {"2026-03-01", "2026-03-02"}) is None  # older: every file is read
+    assert lg.resumed_days(None, {"2026-03-02"}) is None
+    assert lg.resumed_days(carried, set()) is None
+    # and up to the input's last day: a change moves the backlog of every later day
+    assert lg.resumed_days(carried, {"2026-03-02"}, D1 + 3 * DAY + 1) == [
+        "2026-03-02",
+        "2026-03-03",
+        "2026-03-04",
+    ]
+    spans = {"a": A, "b": B, "c": C, "e": _span(0, None, None)}
+    assert lg.files_from(spans, D1 + DAY) == ["b", "c"]  # b's last event is after the midnight
+
+
+def test_what_was_carried_reads_back_and_a_broken_entry_is_none() -> None:
+    carried = lg.Carried(D1 + DAY, "run-1", {"t": {"g": D1 + 5.5, "h": D1 + 7}})
+    ledger = Ledger(SETTINGS, {"a": A}, carried)
+    assert lg.decode(lg.encode(ledger)) == ledger
+    text = lg.encode(ledger)
+    for name in ('""', '"../x"', "3"):  # the ledger still reads; the next run reads every file
+        assert lg.decode(text.replace('"name": "run-1"', f'"name": {name}')).carried is None
+    assert lg.decode(lg.encode(Ledger(SETTINGS, {"a": A}))).carried is None  # a ledger from before
