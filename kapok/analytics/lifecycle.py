@@ -79,6 +79,16 @@ class Lives:
         windows.append(self._w(at))
         values.append((at - start) * 1000.0)
 
+    def add_parts(self, parts: BacklogParts) -> None:
+        """Backlog parts found elsewhere (``kapok.analytics.common``), merged into ``backlog``."""
+        for key, (ready, in_flight, open_since, closed_since) in parts.items():
+            mine = self._parts(*key)
+            mine[0] += ready
+            mine[1] += in_flight
+            for i, since in ((2, open_since), (3, closed_since)):
+                if since is not None:
+                    mine[i] = since if mine[i] is None else min(mine[i], since)
+
     def _parts(self, topic: str, group: str, window_t: int) -> list[Any]:
         parts = self.backlog.get((topic, group, window_t))
         if parts is None:

@@ -29,9 +29,11 @@ shuffles the events by code first, so a line's copies meet in one task.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 __all__ = ["KEY_COLUMNS", "unique"]
 
@@ -40,11 +42,48 @@ KEY_COLUMNS: Final = ("run", "lsn", "ev", "code", "topic", "group", "attempt", "
 
 
 def unique(events: pa.Table) -> pa.Table:
-    """``events`` with each event once (its columns must include ``KEY_COLUMNS``)."""
+    """``events`` with each event once (its columns must include ``KEY_COLUMNS``).
+
+    Rows are told apart by a 64-bit hash of all their fields first: a row whose hash no
+    other row has is kept as it is, and only rows that share a hash (copies, or the rare
+    collision) are grouped by their fields, exactly. Copies are rare, and hashing is much
+    cheaper than grouping every row by twelve columns.
+    """
     missing = set(KEY_COLUMNS) - set(events.column_names)
     if missing:
         raise ValueError(f"the events lack the key columns {sorted(missing)}")
     if events.num_rows == 0:
         return events
+    hashes = _hashes(events)
+    order = np.argsort(hashes)
+    ordered = hashes[order]
+    same = ordered[1:] == ordered[:-1]
+    shared = np.zeros(len(order), dtype=bool)
+    shared[1:] |= same
+    shared[:-1] |= same
+    if not shared.any():
+        return events
     names = events.column_names
-    return events.group_by(names, use_threads=False).aggregate([]).select(names)
+    alone = events.take(pa.array(np.sort(order[~shared])))
+    grouped = events.take(pa.array(order[shared])).group_by(names, use_threads=False).aggregate([])
+    return pa.concat_tables([alone, grouped.select(names)])
+
+
+_MIX: Final = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _hashes(events: pa.Table) -> np.ndarray[Any, np.dtype[np.uint64]]:
+    """A 64-bit hash of each row's fields (nulls included: a null differs from every value)."""
+    h = np.zeros(events.num_rows, dtype=np.uint64)
+    for column in events.columns:
+        array = column.combine_chunks()
+        if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
+            array = pc.dictionary_encode(array).indices  # equal strings, equal indices
+        values = pc.fill_null(array, 0).to_numpy(zero_copy_only=False)
+        bits = np.ascontiguousarray(values).view(np.uint32 if values.dtype.itemsize == 4 else np.uint64)
+        valid = np.asarray(array.is_valid().to_numpy(zero_copy_only=False), np.uint64)
+        word = (bits.astype(np.uint64) << np.uint64(1)) | valid
+        with np.errstate(over="ignore"):
+            h = (h ^ word) * _MIX
+            h ^= h >> np.uint64(29)
+    return h

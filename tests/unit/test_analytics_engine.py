@@ -14,7 +14,9 @@ from bisect import bisect_left
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pytest
 
 from kapok.analytics import engine, reading
 from kapok.analytics import transforms as tf
@@ -507,8 +509,10 @@ def test_read_file_gives_its_scan_and_each_event_once_in_its_codes_bucket() -> N
     assert reading.read_file("f", data, None, 0).num_rows == 1  # a scan only
 
 
-def _workload(seed: int, messages: int, days: int) -> list[dict[str, Any]]:
-    """A mixed archive over ``days``: two groups, retries, dead letters, delays, deletes,
+def _workload(
+    seed: int, messages: int, days: int, groups: tuple[str, ...] = ("g", "h")
+) -> list[dict[str, Any]]:
+    """A mixed archive over ``days``: ``groups``, retries, dead letters, delays, deletes,
     messages open across midnights and at the end, consumers named."""
     import random
 
@@ -521,7 +525,7 @@ def _workload(seed: int, messages: int, days: int) -> list[dict[str, Any]]:
         out.append({**_pub(code, topic, t), "deliver_at": t + delay})
         if i % 23 == 0:
             out.append({"ev": "deleted", "code": code, "topic": topic, "t": t + 3 * H})
-        for group in ("g", "h"):
+        for group in groups:
             at, attempt = t + delay + rng.expovariate(1 / 600), 1
             while True:
                 if rng.random() < 0.03:  # never delivered, or never acked: open at the end
@@ -577,3 +581,54 @@ def test_a_run_resumed_from_the_carried_events_equals_a_full_run_on_its_days() -
     resumed_backlog = {k: v for k, v in _backlog(resumed, window_s).items() if k[2] >= cut}
     assert resumed_backlog == full_backlog
     assert any(ready or flying for ready, flying, _ in full_backlog.values())
+
+
+@pytest.mark.parametrize("groups", [("g",), ("g", "h")], ids=["one group", "two groups"])
+@pytest.mark.parametrize("window", ["minute", "hour"])
+def test_the_common_messages_arrays_give_what_their_walk_gives(groups: tuple[str, ...], window: str) -> None:
+    # Most messages of one group live the common life (published, delivered, acked), which
+    # ``kapok.analytics.common`` figures in arrays; walking every message must agree to the bit.
+    data = _lines(*_workload(seed=9, messages=4_000, days=2, groups=groups))
+    events, starts = reading.read_events(data), engine.merge_starts([reading.scan(data, None)])
+    cut = T0 + DAY
+
+    def figures(walk_all: bool, since_t: float | None) -> engine.Figures:
+        rows = engine.lives(
+            events,
+            window_s=tf.WINDOWS[window],
+            since_t=since_t,
+            days=None,
+            starts=starts,
+            carry_t=cut,
+            walk_all=walk_all,
+        )
+        return engine.decode(pa.Table.from_batches(list(engine.stats(rows)), schema=engine.OUT_FIELDS))
+
+    for since_t in (None, cut + 600):
+        walked, fast = figures(True, since_t), figures(False, since_t)
+        assert sorted(fast.parts, key=repr) == sorted(walked.parts, key=repr) and walked.parts
+        assert sorted(fast.stats, key=repr) == sorted(walked.stats, key=repr) and walked.stats
+        assert sorted(fast.carry.to_pylist(), key=repr) == sorted(walked.carry.to_pylist(), key=repr)
+        assert walked.carry.num_rows
+
+
+@pytest.mark.parametrize("collide", [False, True], ids=["hashed", "every hash the same"])
+def test_unique_keeps_one_of_each_copy_and_rows_that_share_only_a_hash(
+    collide: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kapok.analytics import unique as uq
+
+    if collide:  # as if every row's hash collided: the exact grouping alone decides
+        monkeypatch.setattr(uq, "_hashes", lambda events: np.zeros(events.num_rows, dtype=np.uint64))
+    lines = [
+        _pub("a", "t", T0),
+        _ev("delivered", "a", "t", T0 + 1, attempt=1),
+        _ev("acked", "a", "t", T0 + 2),
+    ]
+    other = {**_ev("delivered", "a", "t", T0 + 1, attempt=1), "consumer": "c1"}  # one field apart
+    events = reading.read_events(_lines(*lines, *lines, lines[0], other, {**lines[0], "size": None}))
+    kept = uq.unique(events)
+    assert kept.num_rows == 5  # the three, the one with a consumer, the one without a size
+    assert sorted(map(repr, kept.to_pylist())) == sorted(map(repr, reading.read_events(
+        _lines(*lines, other, {**lines[0], "size": None})
+    ).to_pylist()))  # fmt: skip
