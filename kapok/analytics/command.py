@@ -18,7 +18,14 @@ import time
 from typing import TYPE_CHECKING
 
 from kapok.analytics.inputs import default_output, resolve_inputs
-from kapok.analytics.session import build_session, driver_heap, jvm_death, quiet_py4j, require_runtime
+from kapok.analytics.session import (
+    build_session,
+    driver_heap,
+    jvm_death,
+    quiet_py4j,
+    require_runtime,
+    stop_session,
+)
 from kapok.errors import AnalyticsError
 
 if TYPE_CHECKING:
@@ -65,7 +72,7 @@ def run_command(args: argparse.Namespace) -> int:
             wait(args.watch)
     finally:
         if owned and death is None:  # a dead JVM has nothing to stop
-            session.stop()
+            stop_session(session)
 
 
 def conf_pairs(items: list[str]) -> dict[str, str]:
@@ -94,7 +101,7 @@ def _session(master: str | None, conf: dict[str, str]) -> tuple[SparkSession, bo
         master = "local[*]"
     progress(f"starting Spark ({master or 'as spark-submit set it'})")
     quiet_py4j()
-    return build_session(master, conf=conf), True
+    return build_session(master, conf=conf, class_cache=True), True
 
 
 def submitted() -> bool:

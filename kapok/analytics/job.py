@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import unquote, urlsplit
 
 import orjson
 import pyarrow as pa
@@ -236,8 +237,36 @@ _BACKLOG_DDL = (
 
 def archive_files(spark: SparkSession, sources: Sequence[str]) -> DataFrame | None:
     """A row per file of ``sources`` (files, directories, globs or URIs): ``path`` (as Spark
-    names it) and ``content`` (its bytes), read by Spark's own file systems. None for none."""
-    return spark.read.format("binaryFile").load(list(sources)).select("path", "content") if sources else None
+    names it) and ``content``: its bytes, read by Spark's own file systems, or null for a
+    local file, which the task reads itself (``file_bytes``): its bytes then do not pass
+    through the JVM on their way to Python. None for none."""
+    local = [source for source in sources if _local_file(source)]
+    others = [source for source in sources if source not in set(local)]
+    frames = []
+    if local:
+        paths = pa.table({"path": local, "content": pa.nulls(len(local), pa.binary())})
+        frames.append(spark.createDataFrame(paths, schema="path STRING, content BINARY"))
+    if others:
+        frames.append(spark.read.format("binaryFile").load(others).select("path", "content"))
+    if not frames:
+        return None
+    return frames[0] if len(frames) == 1 else frames[0].unionAll(frames[1])
+
+
+def _local_file(source: str) -> bool:
+    return _is_local(source) and not any(c in source for c in "*?[") and os.path.isfile(_local_path(source))
+
+
+def _local_path(source: str) -> str:
+    return unquote(urlsplit(source).path) if source.startswith("file:") else source
+
+
+def file_bytes(path: str, content: bytes | None) -> bytes:
+    """A file's bytes: ``content``, or (null) read from the local file ``path`` (in a task)."""
+    if content is not None:
+        return content
+    with open(_local_path(path), "rb") as file:
+        return file.read()
 
 
 def scan_files(files: DataFrame | None) -> dict[str, reading.FileScan]:
@@ -248,7 +277,7 @@ def scan_files(files: DataFrame | None) -> dict[str, reading.FileScan]:
     def scan(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for name, data in zip(batch["path"].to_pylist(), batch["content"].to_pylist(), strict=True):
-                yield reading.read_file(name, data, None, 0)
+                yield reading.read_file(name, file_bytes(name, data), None, 0)
 
     return _scans(files.mapInArrow(scan, reading.BLOB_DDL))
 
@@ -271,7 +300,7 @@ def _read(
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for name, data in zip(batch["path"].to_pylist(), batch["content"].to_pylist(), strict=True):
-                yield reading.read_file(name, data, since_t, buckets, from_t)
+                yield reading.read_file(name, file_bytes(name, data), since_t, buckets, from_t)
 
     def bucketed(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:

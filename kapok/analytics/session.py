@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from kapok.analytics import classcache
 from kapok.errors import AnalyticsError
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ __all__ = [
     "jvm_death",
     "quiet_py4j",
     "require_runtime",
+    "stop_session",
 ]
 
 APP_NAME: Final = "kapok analytics"
@@ -52,6 +54,7 @@ JAVA_HINT: Final = (
 )
 OOM_STATUS: Final = 52  # Spark's exit status for an OutOfMemoryError (SparkExitCode.OOM)
 STOP_SIGNALS: Final = frozenset({signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM})
+_CLASS_CACHE: classcache.ClassCache | None = None  # the local session's (one per process)
 REAP_WAIT_S: Final = 15.0  # a JVM that stopped answering or stopped Spark is exiting: its status comes soon
 
 
@@ -106,12 +109,17 @@ def _heap_mib() -> int:
 
 
 def build_session(
-    master: str | None = "local[*]", *, conf: Mapping[str, str] | None = None, app_name: str = APP_NAME
+    master: str | None = "local[*]",
+    *,
+    conf: Mapping[str, str] | None = None,
+    app_name: str = APP_NAME,
+    class_cache: bool = False,
 ) -> SparkSession:
     """A new session (or the running one: Spark keeps one per process) on ``master``.
 
     ``master`` None: the one spark-submit set. ``conf`` (``--conf``) comes last: a caller's
-    setting wins over every default here.
+    setting wins over every default here. ``class_cache``: a local JVM maps (or dumps) the
+    class cache (``kapok.analytics.classcache``); stop the session with ``stop_session``.
     """
     require_runtime()
     local = master is not None and master.startswith("local")
@@ -136,9 +144,18 @@ def build_session(
     if local:
         # Errors only from Spark's loggers (the driver is this machine's JVM; on a cluster
         # the cluster's own log settings rule). Other JVM options a caller gives are kept.
+        global _CLASS_CACHE
         log_option = f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}"
         extra = settings.get("spark.driver.extraJavaOptions", "")
-        settings["spark.driver.extraJavaOptions"] = f"{log_option} {LOCAL_JVM_OPTIONS} {extra}".strip()
+        _CLASS_CACHE = (
+            classcache.jvm_options(java_executable() or "java", _jars(), LOCAL_JVM_OPTIONS, extra)
+            if class_cache
+            else None
+        )
+        cached = "" if _CLASS_CACHE is None else _CLASS_CACHE.options()
+        settings["spark.driver.extraJavaOptions"] = (
+            f"{log_option} {LOCAL_JVM_OPTIONS} {cached} {extra}".strip()
+        )
     for key, value in settings.items():
         builder = builder.config(key, value)
     try:
@@ -147,6 +164,30 @@ def build_session(
         raise AnalyticsError(f"Spark did not start: {first_line(exc)}") from exc
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def stop_session(session: SparkSession) -> None:
+    """Stop a session ``build_session`` made; when its JVM dumps the class cache
+    (``kapok.analytics.classcache``), end that JVM too and keep the dump."""
+    from pyspark import SparkContext
+
+    gateway = session.sparkContext._gateway
+    session.stop()
+    if _CLASS_CACHE is not None and _CLASS_CACHE.pending is not None:
+        _CLASS_CACHE.finish(gateway)
+        # The JVM is gone: a later session in this process starts another one.
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+
+
+def _jars() -> Path:
+    """Spark's jars: ``$SPARK_HOME``'s, else those pyspark ships."""
+    home = os.environ.get("SPARK_HOME")
+    if home:
+        return Path(home) / "jars"
+    spec = importlib.util.find_spec("pyspark")
+    origin = spec.origin if spec is not None else None
+    return Path(origin).parent / "jars" if origin else Path(".")
 
 
 def first_line(exc: BaseException) -> str:
@@ -176,7 +217,9 @@ def jvm_death(session: SparkSession, heap: str | None = None) -> AnalyticsError 
             return None
         if proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(REAP_WAIT_S)
+                # A JVM that dumps the class cache writes it as it exits, even as it dies.
+                dumping = _CLASS_CACHE is not None and _CLASS_CACHE.pending is not None
+                proc.wait(classcache.EXIT_WAIT_S if dumping else REAP_WAIT_S)
     # Py4J sends it nothing more: its finalizer thread would log a traceback for each try.
     gateway._gateway_client.is_connected = False
     return AnalyticsError(death_message(None if proc is None else proc.returncode, heap))

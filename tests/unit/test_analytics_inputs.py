@@ -163,7 +163,9 @@ def test_spark_settings_are_key_value_pairs(
         assert "must be KEY=VALUE" in capsys.readouterr().err
     # What --conf gives reaches the session; without --master, spark-submit's master or local[*].
     seen: list[tuple[str | None, dict[str, str]]] = []
-    monkeypatch.setattr(command, "build_session", lambda master, conf: seen.append((master, conf)))
+    monkeypatch.setattr(
+        command, "build_session", lambda master, conf, class_cache: seen.append((master, conf))
+    )
     monkeypatch.setattr("pyspark.sql.SparkSession.getActiveSession", lambda: None)
     monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
     command._session(None, {"spark.executor.memory": "4g"})
