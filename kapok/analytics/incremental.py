@@ -8,14 +8,11 @@ job restricted to the days those touch. With nothing new, no job runs. The ledge
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlsplit
 
 from kapok.analytics import ledger as lg
+from kapok.analytics.files import archive_files, file_key, list_files, read_text, remove_children, write_text
 from kapok.analytics.ledger import Carried, FileSpan, FileStamp, Ledger
 
 if TYPE_CHECKING:
@@ -26,84 +23,24 @@ if TYPE_CHECKING:
 __all__ = ["list_files", "read_ledger", "run_incremental", "scan_files"]
 
 
-def _is_local(uri: str) -> bool:
-    return "://" not in uri or uri.startswith("file:")
-
-
-def file_key(uri: str) -> str:
-    """One name per file, whoever spells it: a local file's absolute path, else the URI."""
-    if uri.startswith("file:"):
-        return os.path.abspath(unquote(urlsplit(uri).path))
-    return os.path.abspath(uri) if _is_local(uri) else uri
-
-
-def list_files(spark: SparkSession, sources: Sequence[str]) -> dict[str, FileStamp]:
-    """Every archive file of ``sources`` and its stamp (a local file's resolved before: a file)."""
-    out: dict[str, FileStamp] = {}
-    for source in sources:
-        if _is_local(source):
-            try:
-                stat = os.stat(source.removeprefix("file://"))
-            except OSError:
-                continue  # deleted since resolved: retention
-            out[file_key(source)] = FileStamp(stat.st_size, stat.st_mtime)
-            continue
-        jvm: Any = spark.sparkContext._jvm
-        conf: Any = spark.sparkContext._jsc.hadoopConfiguration()
-        path = jvm.org.apache.hadoop.fs.Path(source)
-        fs = path.getFileSystem(conf)
-        for status in fs.globStatus(path) or []:
-            found = fs.listStatus(status.getPath()) if status.isDirectory() else [status]
-            for item in found:
-                name = item.getPath().getName()
-                if item.isFile() and (
-                    not status.isDirectory() or (name.startswith("archive-") and name.endswith(".jsonl"))
-                ):
-                    out[str(item.getPath().toString())] = FileStamp(
-                        int(item.getLen()), item.getModificationTime() / 1000.0
-                    )
-    return out
-
-
 def scan_files(spark: SparkSession, files: Mapping[str, FileStamp]) -> dict[str, FileSpan]:
     """Each file's first and last event time: one pass over the files given (``job.scan_files``)."""
     from kapok.analytics import job
 
-    scans = job.scan_files(job.archive_files(spark, list(files)))
+    scans = job.scan_files(archive_files(spark, list(files)))
     times = {file_key(name): (scan.first_t, scan.last_t) for name, scan in scans.items()}
     return {path: FileSpan(stamp, *times.get(path, (None, None))) for path, stamp in files.items()}
 
 
 def read_ledger(spark: SparkSession, output: str) -> tuple[Ledger | None, str]:
     """The ledger beside ``output`` (None if there is none), and why it did not read."""
-    text = _read_text(spark, output.rstrip("/") + "/" + lg.LEDGER_FILE)
+    text = read_text(spark, output.rstrip("/") + "/" + lg.LEDGER_FILE)
     if text is None:
         return None, ""
     try:
         return lg.decode(text), ""
     except lg.LedgerError as exc:
         return None, str(exc)
-
-
-def _read_text(spark: SparkSession, uri: str) -> str | None:
-    """A small text file's content (None if there is none): a local one directly, else through Hadoop."""
-    if _is_local(uri):
-        try:
-            return Path(file_key(uri)).read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            return None
-    jvm: Any = spark.sparkContext._jvm
-    conf: Any = spark.sparkContext._jsc.hadoopConfiguration()
-    path = jvm.org.apache.hadoop.fs.Path(uri)
-    fs = path.getFileSystem(conf)
-    if not fs.exists(path):
-        return None
-    stream = fs.open(path)
-    try:
-        data = jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
-    finally:
-        stream.close()
-    return bytes(data).decode("utf-8", errors="replace")
 
 
 def run_incremental(
@@ -118,7 +55,7 @@ def run_incremental(
 ) -> JobResult | None:
     """A run that recomputes the days of what is new since the ledger's run (or every day),
     then what it carries and the new ledger; None when nothing is new (no job ran)."""
-    from kapok.analytics.job import run_job, write_text
+    from kapok.analytics.job import run_job
 
     current = list_files(spark, sources)
     before, unreadable = read_ledger(spark, output)
@@ -182,14 +119,14 @@ def _resume(spark: SparkSession, output: str, carried: Carried | None, touched: 
     if carried is None or lg.resumed_days(carried, touched) is None:
         return None
     uri = f"{output.rstrip('/')}/{lg.CARRY_DIR}/{carried.name}"
-    if _read_text(spark, uri + "/_SUCCESS") is None:  # removed by hand, or a copy of the output
+    if read_text(spark, uri + "/_SUCCESS") is None:  # removed by hand, or a copy of the output
         return None
     return Resume(carried.t, uri, {topic: dict(groups) for topic, groups in carried.starts.items()})
 
 
 def _write_carried(spark: SparkSession, output: str, resume: Resume, now: float) -> Carried:
     """Write what a run carries under a new name (the ledger, written next, names it)."""
-    from kapok.analytics.job import write_events
+    from kapok.analytics.files import write_events
 
     name = f"run-{int(now * 1000)}"
     assert not isinstance(resume.events, str)  # a run gives the table
@@ -199,18 +136,4 @@ def _write_carried(spark: SparkSession, output: str, resume: Resume, now: float)
 
 def _forget_carried(spark: SparkSession, output: str, keep: str | None) -> None:
     """Remove what earlier runs carried (all but ``keep``): the ledger no longer names it."""
-    base = f"{output.rstrip('/')}/{lg.CARRY_DIR}"
-    if _is_local(base):
-        root = Path(file_key(base))
-        for child in root.iterdir() if root.is_dir() else []:
-            if child.name != keep:
-                shutil.rmtree(child, ignore_errors=True)
-        return
-    jvm: Any = spark.sparkContext._jvm
-    conf: Any = spark.sparkContext._jsc.hadoopConfiguration()
-    path = jvm.org.apache.hadoop.fs.Path(base)
-    fs = path.getFileSystem(conf)
-    if fs.exists(path):
-        for status in fs.listStatus(path):
-            if status.getPath().getName() != keep:
-                fs.delete(status.getPath(), True)
+    remove_children(spark, f"{output.rstrip('/')}/{lg.CARRY_DIR}", keep)

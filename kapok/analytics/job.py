@@ -35,14 +35,11 @@ made of them in this process and handed to Spark only to write.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Final
-from urllib.parse import unquote, urlsplit
 
 import orjson
 import pyarrow as pa
@@ -54,20 +51,11 @@ from pyspark.sql import functions as F
 
 from kapok.analytics import engine, reading
 from kapok.analytics import transforms as tf
+from kapok.analytics.files import EVENTS_DDL, archive_files, file_bytes, write_text
 from kapok.analytics.session import first_line
 from kapok.errors import AnalyticsError
 
-__all__ = [
-    "SUMMARY_FILE",
-    "JobResult",
-    "Resume",
-    "archive_files",
-    "carried_events",
-    "run_job",
-    "scan_files",
-    "write_events",
-    "write_text",
-]
+__all__ = ["SUMMARY_FILE", "JobResult", "Resume", "carried_events", "run_job", "scan_files"]
 
 SUMMARY_FILE = "summary.json"
 DAY_S = 86400
@@ -235,40 +223,6 @@ _BACKLOG_DDL = (
 )
 
 
-def archive_files(spark: SparkSession, sources: Sequence[str]) -> DataFrame | None:
-    """A row per file of ``sources`` (files, directories, globs or URIs): ``path`` (as Spark
-    names it) and ``content``: its bytes, read by Spark's own file systems, or null for a
-    local file, which the task reads itself (``file_bytes``): its bytes then do not pass
-    through the JVM on their way to Python. None for none."""
-    local = [source for source in sources if _local_file(source)]
-    others = [source for source in sources if source not in set(local)]
-    frames = []
-    if local:
-        paths = pa.table({"path": local, "content": pa.nulls(len(local), pa.binary())})
-        frames.append(spark.createDataFrame(paths, schema="path STRING, content BINARY"))
-    if others:
-        frames.append(spark.read.format("binaryFile").load(others).select("path", "content"))
-    if not frames:
-        return None
-    return frames[0] if len(frames) == 1 else frames[0].unionAll(frames[1])
-
-
-def _local_file(source: str) -> bool:
-    return _is_local(source) and not any(c in source for c in "*?[") and os.path.isfile(_local_path(source))
-
-
-def _local_path(source: str) -> str:
-    return unquote(urlsplit(source).path) if source.startswith("file:") else source
-
-
-def file_bytes(path: str, content: bytes | None) -> bytes:
-    """A file's bytes: ``content``, or (null) read from the local file ``path`` (in a task)."""
-    if content is not None:
-        return content
-    with open(_local_path(path), "rb") as file:
-        return file.read()
-
-
 def scan_files(files: DataFrame | None) -> dict[str, reading.FileScan]:
     """Each file's ``reading.FileScan`` (one pass, in Spark's tasks), by its name as Spark gives it."""
     if files is None:
@@ -316,24 +270,11 @@ def _read(
         read_once.unpersist()
 
 
-# ``reading.EVENT_FIELDS`` as Spark's DDL: the carried events' Parquet table.
-EVENTS_DDL: Final = (
-    "ev STRING, code STRING, topic STRING, `group` STRING, t DOUBLE, create_time DOUBLE, "
-    "deliver_at DOUBLE, size BIGINT, attempt INT, run STRING, lsn BIGINT, consumer STRING"
-)
-
-
 def carried_events(spark: SparkSession, resume: Resume) -> DataFrame:
     """``resume``'s events as a DataFrame (``EVENTS_DDL``)."""
     if isinstance(resume.events, str):
         return spark.read.schema(EVENTS_DDL).parquet(resume.events)
     return spark.createDataFrame(resume.events.cast(reading.EVENT_FIELDS), schema=EVENTS_DDL)
-
-
-def write_events(spark: SparkSession, events: pa.Table, uri: str) -> None:
-    """Write events (``reading.EVENT_FIELDS``) as a Parquet table at ``uri`` (replaced)."""
-    frame = spark.createDataFrame(events.cast(reading.EVENT_FIELDS), schema=EVENTS_DDL)
-    frame.coalesce(1).write.mode("overwrite").parquet(uri)
 
 
 def _scans(rows: DataFrame | None) -> dict[str, reading.FileScan]:
@@ -538,31 +479,6 @@ def _write_conf(spark: SparkSession) -> Iterator[None]:
 
 def _join(base: str, name: str) -> str:
     return base.rstrip("/") + "/" + name
-
-
-def _is_local(uri: str) -> bool:
-    return "://" not in uri or uri.startswith("file://")
-
-
-def write_text(spark: SparkSession, uri: str, text: str) -> None:
-    """Write a small text file: atomically on a local disk, else through Spark's Hadoop client."""
-    if _is_local(uri):
-        path = Path(uri.removeprefix("file://"))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-        return
-    # Python has no client for every file system Spark writes (hdfs, s3a, abfs ...);
-    # the JVM's Hadoop FileSystem has, with the session's credentials.
-    jvm: Any = spark.sparkContext._jvm
-    conf: Any = spark.sparkContext._jsc.hadoopConfiguration()
-    target = jvm.org.apache.hadoop.fs.Path(uri)
-    stream = target.getFileSystem(conf).create(target, True)
-    try:
-        stream.write(bytearray(text.encode()))
-    finally:
-        stream.close()
 
 
 def _spark_error_line(exc: BaseException) -> str:
