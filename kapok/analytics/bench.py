@@ -10,8 +10,9 @@ A benchmark, not a test: it prints figures and asserts nothing about speed.
    time). Not timed as part of the job.
 2. Runs ``kapok analytics --input DIR`` as a child process, exactly as a user would
    (Spark's start-up included; the very first run on a machine also dumps the class
-   cache, ``kapok.analytics.classcache``, once: compare the runs after it), and samples the resident memory of the child's whole
-   process tree (the Python driver, the JVM, Python workers) every 0.1 s from /proc.
+   cache, ``kapok.analytics.classcache``, once: compare the runs after it), and
+   samples the resident memory of the child's whole process tree (the Python driver,
+   the JVM, Python workers) every 0.1 s from /proc.
 3. Prints the wall time, the tree's CPU seconds and peak RSS, the throughput and the
    machine's load average before the run (``--json`` for JSON): on a shared machine
    the wall time follows the load, the CPU seconds much less. The JVM's CPU seconds are
