@@ -13,9 +13,11 @@ over ``pyarrow`` tables and Python values, with no Spark: it runs in any executo
 ``kapok.analytics.transforms`` and ``kapok.analytics.lifecycle``'s docstrings.
 
 * ``lives``: the events of one or more buckets (all of a code's events): each event once
-  (``unique``), the counts per topic × group × window, each entry's walk (backlog
+  (``unique``), the counts per topic × group × window, each entry's life (backlog
   changes and unacked spans, merged per topic × group × window) and its durations,
-  packed per topic × metric.
+  packed per topic × metric: the common messages in arrays (``common``), the others
+  walked (``lifecycle``); and, for a later run, the events of the messages still open
+  at ``carry_t``.
 * ``stats``: the packed durations of each topic × metric: exact percentiles (nearest
   rank), max, count and histogram per window and overall.
 """
