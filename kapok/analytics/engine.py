@@ -172,8 +172,9 @@ def lives(
     (the unique events at or after ``since_t``), "c", "b" and "v" (durations at or after
     ``since_t``); ``days`` (``YYYY-MM-DD``) limits the counts. ``starts``: per topic, per
     group, the time of the group's first event in the whole input. With ``carry_t``, also
-    "k" rows: the events before ``carry_t`` of the messages still open then (``blob``), what
-    a later run that starts at ``carry_t`` needs of the time before it."""
+    "k" rows (``blob``): every event from ``carry_t`` on, and the events before it of the
+    messages still open then: all that a later run which starts at ``carry_t`` needs of
+    the input read so far."""
     events = unique(events)
     recent = events if since_t is None else events.filter(pc.greater_equal(events["t"], since_t))
     rows = [_row("n", None, data=recent.num_rows)]
@@ -183,6 +184,10 @@ def lives(
         counted = counted.filter(pc.is_in(day, pa.array([_day_number(d) for d in days], pa.int64())))
     rows.extend(_counts(counted, window_s))
     yield pa.RecordBatch.from_pylist(rows, schema=OUT_FIELDS)
+    if carry_t is not None:  # every event from ``carry_t`` on: a later run reads no file again for them
+        after = events.filter(pc.greater_equal(events["t"], carry_t))
+        if after.num_rows:
+            yield _carry_row(after, carry_t)
     found = Lives(window_s, since_t, starts)
     known = events.filter(pc.and_(pc.is_valid(events["code"]), pc.is_valid(events["topic"])))
     ordered = known.sort_by([("code", "ascending"), ("ev", "ascending")])
@@ -370,7 +375,8 @@ def figures_of(
     """The job's figures of ``files`` (their bytes) in this process, with no Spark and one
     partition: what the job's Spark stages compute, for tests and small inputs. With
     ``carried`` (an earlier run's ``Figures.carry`` at ``since_t``, and its ``starts``) the
-    run resumes: of ``files`` only the events at or after ``since_t`` are read."""
+    run resumes: ``files`` are the files new since, of which only the events at or after
+    ``since_t`` are read."""
     scans = [scan(data, since_t) for data in files]
     from_t = None if carried is None else since_t
     read = [read_events(data, from_t) for data in files]

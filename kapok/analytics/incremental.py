@@ -82,15 +82,16 @@ def run_incremental(
         resume = _resume(spark, output, before.carried, touched)
         last_t = max((span.last_t for span in known.values() if span.last_t is not None), default=None)
         days = sorted(touched) if resume is None else lg.resumed_days(before.carried, touched, last_t) or []
-        files = sorted(current) if resume is None else lg.files_from(known, resume.t)
+        files = sorted(current) if resume is None else sorted(plan.new)
         progress(
             f"an incremental run: {len(plan.new)} new or grown file(s) of {len(current)}, "
             f"{len(days)} day(s) to recompute ({', '.join(days) or 'none'}), from {len(files)} file(s)"
             + ("" if resume is None else f" and what the run before carried from {days[0]}")
         )
-        # Without what the run before carried (or with a new file older than it), every
-        # file is read: a message's life crosses days and files (a backlog is a running
-        # sum over all of it), but only the touched days are counted and written.
+        # From what the run before carried, only the new files are read. Without it (or
+        # with a new file older than it) every file is: a message's life crosses days and
+        # files (a backlog is a running sum over all of it), but only the touched days
+        # are counted and written.
         result = run_job(
             spark,
             files,
@@ -121,7 +122,8 @@ def _resume(spark: SparkSession, output: str, carried: Carried | None, touched: 
     uri = f"{output.rstrip('/')}/{lg.CARRY_DIR}/{carried.name}"
     if read_text(spark, uri + "/_SUCCESS") is None:  # removed by hand, or a copy of the output
         return None
-    return Resume(carried.t, uri, {topic: dict(groups) for topic, groups in carried.starts.items()})
+    starts = {topic: dict(groups) for topic, groups in carried.starts.items()}
+    return Resume(carried.t, uri, starts, carried.recent)
 
 
 def _write_carried(spark: SparkSession, output: str, resume: Resume, now: float) -> Carried:
@@ -131,7 +133,7 @@ def _write_carried(spark: SparkSession, output: str, resume: Resume, now: float)
     name = f"run-{int(now * 1000)}"
     assert not isinstance(resume.events, str)  # a run gives the table
     write_events(spark, resume.events, f"{output.rstrip('/')}/{lg.CARRY_DIR}/{name}")
-    return Carried(resume.t, name, resume.starts)
+    return Carried(resume.t, name, resume.starts, resume.recent)
 
 
 def _forget_carried(spark: SparkSession, output: str, keep: str | None) -> None:

@@ -43,6 +43,7 @@ from typing import Any, Final
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 from py4j.protocol import Py4JError
 from pyspark import StorageLevel
 from pyspark.errors import PySparkException
@@ -80,14 +81,16 @@ class JobResult:
 
 @dataclass(frozen=True, slots=True)
 class Resume:
-    """What a run needs of the time before ``t`` (a UTC midnight) to start there: the events
-    before ``t`` of the messages still open at ``t`` (``events``: a Parquet table's URI, or
-    the table itself as a run gives it), and per topic, per group, the time of the group's
-    first event."""
+    """What a later run needs of the input read so far to start at ``t`` (a UTC midnight)
+    with the files new since: ``events`` (a Parquet table's URI, or the table itself as a
+    run gives it), every event from ``t`` on (``recent`` of them) and the events before
+    ``t`` of the messages still open at ``t``; and per topic, per group, the time of the
+    group's first event."""
 
     t: float
     events: str | pa.Table
     starts: dict[str, dict[str, float]]
+    recent: int = 0
 
 
 def run_job(
@@ -107,9 +110,10 @@ def run_job(
 
     ``days`` (``YYYY-MM-DD``, UTC): only those days are counted and written (an incremental
     run's); every event read still counts in the messages' lives (backlog, latencies).
-    ``resume``: start at ``resume.t`` (its days and after): of ``sources`` only the events
-    from then on are read, and the time before is what ``resume`` carries. ``carry``: give
-    what a later run needs to start at the last day's midnight (``JobResult.carried``).
+    ``resume``: start at ``resume.t`` (its days and after) from what an earlier run carried,
+    with ``sources`` the files new since (of which only the events from ``resume.t`` on are
+    read). ``carry``: give what a later run needs to start at the last day's midnight
+    (``JobResult.carried``).
     """
     try:
         return _run(spark, sources, output, since_t, now, progress, days, window, resume, carry)
@@ -141,7 +145,7 @@ def _run(
         figures = _figures(read, since_t, window, days, starts, carry_t)
     file_times = {name: (scan.first_t, scan.last_t) for name, scan in scans.items()}
     skipped = sum(scan.skipped for scan in scans.values())
-    count = sum(scan.events for scan in scans.values())
+    count = sum(scan.events for scan in scans.values()) + (resume.recent if resume else 0)
     if skipped and not any(scan.all_events for scan in scans.values()):
         raise AnalyticsError(f"not an archive: none of the {skipped} lines read is a lifecycle event")
     unique = figures.events
@@ -195,7 +199,10 @@ def _run(
         topic_rows, day_rows, generated_at, group_rows, window, tf.consumer_totals(consumers)
     )
     write_text(spark, _join(output, SUMMARY_FILE), orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
-    carried = None if carry_t is None else Resume(carry_t, figures.carry, starts)
+    carried = None
+    if carry_t is not None:
+        recent = int(pc.sum(pc.greater_equal(figures.carry["t"], carry_t)).as_py() or 0)
+        carried = Resume(carry_t, figures.carry, starts, recent)
     return JobResult(
         output, count, skipped, len(topic_rows), len(hourly), summary, tuple(kept), file_times, carried
     )

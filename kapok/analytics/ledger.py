@@ -17,12 +17,12 @@ files again). The rules, as pure functions:
 
 A message's life crosses days and files (its publish, deliveries and ack; a group's
 backlog is a running sum over all of them), so a run also carries what a later run needs
-of the time before the midnight that starts the input's last day (``Carried``: the events
-before it of the messages open then, and each group's first event). The next run starts
-there when no touched day is earlier (``resumed_days``): it reads only the files with an
-event from then on (``files_from``) and the carried events, and recomputes every day from
-that midnight to the input's last, each equal to a full run's. Otherwise it reads every
-file, and still writes only the touched days.
+to start at the midnight that begins the input's last day (``Carried``: every event from
+then on, the events before it of the messages open then, and each group's first event).
+The next run starts there when no touched day is earlier (``resumed_days``): it reads only
+the new files and the carried events, and recomputes every day from that midnight to the
+input's last, each equal to a full run's. Otherwise it reads every file, and still writes
+only the touched days.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ __all__ = [
     "Plan",
     "decode",
     "encode",
-    "files_from",
     "merge",
     "plan",
     "resumed_days",
@@ -81,13 +80,15 @@ class FileSpan:
 
 @dataclass(frozen=True, slots=True)
 class Carried:
-    """What the run left for the next one to start at ``t`` (a UTC midnight): the events
-    before ``t`` of the messages open then, in ``<output>/CARRY_DIR/<name>``, and per topic,
-    per group, the time of the group's first event."""
+    """What the run left for the next one to start at ``t`` (a UTC midnight) with the files
+    new since: in ``<output>/CARRY_DIR/<name>``, every event from ``t`` on (``recent`` of
+    them) and the events before ``t`` of the messages open then; and per topic, per group,
+    the time of the group's first event."""
 
     t: float
     name: str
     starts: Mapping[str, Mapping[str, float]]
+    recent: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,11 +186,6 @@ def resumed_days(
     return [_day_name(day) for day in range(first, max(first, last) + 1)]
 
 
-def files_from(spans: Mapping[str, FileSpan], t: float) -> list[str]:
-    """The files with an event at or after ``t``, sorted."""
-    return sorted(path for path, span in spans.items() if span.last_t is not None and span.last_t >= t)
-
-
 def merge(
     ledger: Ledger | None,
     current: Mapping[str, FileStamp],
@@ -219,7 +215,12 @@ def encode(ledger: Ledger) -> str:
     }
     if ledger.carried is not None:
         carried = ledger.carried
-        body["carried"] = {"t": carried.t, "name": carried.name, "starts": carried.starts}
+        body["carried"] = {
+            "t": carried.t,
+            "name": carried.name,
+            "starts": carried.starts,
+            "recent": carried.recent,
+        }
     return json.dumps(body, indent=1, sort_keys=True) + "\n"
 
 
@@ -246,16 +247,21 @@ def _carried(entry: Any) -> Carried | None:
     then reads every file, as before runs carried anything)."""
     if not isinstance(entry, dict):
         return None
-    t, name, starts = entry.get("t"), entry.get("name"), entry.get("starts")
+    t, name, starts, recent = entry.get("t"), entry.get("name"), entry.get("starts"), entry.get("recent")
     if not isinstance(t, int | float) or not isinstance(name, str) or not name or "/" in name:
         return None
+    if not isinstance(recent, int) or isinstance(recent, bool) or recent < 0:
+        return None  # from before runs carried every recent event: that table is not enough
     if not isinstance(starts, dict) or not all(
         isinstance(groups, dict) and all(isinstance(v, int | float) for v in groups.values())
         for groups in starts.values()
     ):
         return None
     return Carried(
-        float(t), name, {str(k): {str(g): float(v) for g, v in gs.items()} for k, gs in starts.items()}
+        float(t),
+        name,
+        {str(k): {str(g): float(v) for g, v in gs.items()} for k, gs in starts.items()},
+        recent,
     )
 
 

@@ -215,7 +215,8 @@ def position_frame(lsn: int) -> bytes:
 def positioned(frames: bytes, lsn: int | None) -> Iterator[tuple[int | None, bytes]]:
     """``frames`` (whole frames) cut at its position frames: each run of WAL frames with the
     LSN of its first record (``lsn`` for a run before the first position frame: a feed's
-    frames may arrive in several reads)."""
+    frames may arrive in several reads). A position frame that ends ``frames`` (its feed's
+    frames come in the next read) gives ``(its LSN, b"")``: that LSN is the next read's."""
     pos = start = 0
     header = HEADER.size
     while pos < len(frames):
@@ -229,6 +230,8 @@ def positioned(frames: bytes, lsn: int | None) -> Iterator[tuple[int | None, byt
         pos = end
     if start < len(frames):
         yield lsn, frames[start:]
+    elif start:  # the last frame was a position frame
+        yield lsn, b""
 
 
 def complete_frames(buf: bytes | bytearray) -> int:
@@ -280,6 +283,9 @@ def _archive(archive: Archive, frames: bytes, next_lsn: int | None) -> int | Non
     """Archive ``frames`` (whole frames), the first record's LSN ``next_lsn`` unless a
     position frame says otherwise; returns the LSN of the record that follows them."""
     for first_lsn, part in positioned(frames, next_lsn):
+        if not part:  # a position frame last in this read: the frames it numbers come next
+            next_lsn = first_lsn
+            continue
         reader = FrameReader(part)
         rows = list(reader.rows())
         if reader.problem is not None:  # only a bug gets here: the bytes come straight from the WAL

@@ -547,29 +547,35 @@ def _workload(
 
 
 def test_a_run_resumed_from_the_carried_events_equals_a_full_run_on_its_days() -> None:
-    # An incremental run reads only the events from a midnight on, and the events before it
-    # of the messages still open then (carried from the run before): every figure of its
-    # days must be the full run's.
+    # A first run reads two files, the second across the second midnight, and carries what a
+    # later run needs from that midnight on: every event since, and the events before it of
+    # the messages still open then. The later run reads only the new file and what was
+    # carried: every figure of its days must be the full run's.
     items = _workload(seed=5, messages=3_000, days=3)
     cut = T0 + DAY  # the second midnight
     before = [item for item in items if item["t"] < cut]
     later = [item for item in items if item["t"] >= cut]
-    files = [_lines(*before), _lines(*before[:50], *later)]  # a file that spans the midnight
+    half = len(later) // 2
+    old = [_lines(*before[100:]), _lines(*before[:100], *later[:half])]  # the second spans the midnight
+    new = [_lines(*later[half:])]
     window_s = int(H)
-    full, _ = engine.figures_of(files, window_s=window_s)
-    first, scans = engine.figures_of([_lines(*before)], window_s=window_s, carry_t=cut)
-    open_codes = {code for code in first.carry["code"].to_pylist()}
-    assert 0 < len(open_codes) < 3_000 // 10  # a few messages open at midnight, not all
-    assert first.carry.num_rows and max(first.carry["t"].to_pylist()) < cut
+    full, _ = engine.figures_of([*old, *new], window_s=window_s)
+    first, scans = engine.figures_of(old, window_s=window_s, carry_t=cut)
+    carried = first.carry.to_pylist()
+    after = [event for event in carried if event["t"] >= cut]
+    assert len(after) == half  # every event since the midnight
+    open_codes = {event["code"] for event in carried if event["t"] < cut}
+    assert 0 < len(open_codes) < 3_000 // 10  # of the time before, a few messages open then, not all
     days = sorted({datetime.fromtimestamp(item["t"], UTC).strftime("%Y-%m-%d") for item in later})
     resumed, _ = engine.figures_of(
-        files,
+        new,
         window_s=window_s,
         since_t=cut,
         days=days,
         carried=first.carry,
         starts=engine.merge_starts(scans),
     )
+    assert resumed.events == len(later)
 
     def in_days(rows: list[Any]) -> list[Any]:
         return sorted((r for r in rows if r.window_t is not None and r.window_t >= cut), key=repr)

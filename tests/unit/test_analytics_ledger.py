@@ -90,7 +90,7 @@ def test_the_ledger_reads_back_and_a_corrupt_one_is_an_error() -> None:
 
 
 def test_a_run_resumes_at_the_carried_midnight_when_nothing_new_is_older() -> None:
-    carried = lg.Carried(D1 + DAY, "run-1", {"t": {"g": D1 + 5}})
+    carried = lg.Carried(D1 + DAY, "run-1", {"t": {"g": D1 + 5}}, 3)
     assert lg.resumed_days(carried, {"2026-03-03"}) == ["2026-03-02", "2026-03-03"]  # from its day on
     assert lg.resumed_days(carried, {"2026-03-02"}) == ["2026-03-02"]
     assert lg.resumed_days(carried, {"2026-03-01", "2026-03-02"}) is None  # older: every file is read
@@ -102,15 +102,15 @@ def test_a_run_resumes_at_the_carried_midnight_when_nothing_new_is_older() -> No
         "2026-03-03",
         "2026-03-04",
     ]
-    spans = {"a": A, "b": B, "c": C, "e": _span(0, None, None)}
-    assert lg.files_from(spans, D1 + DAY) == ["b", "c"]  # b's last event is after the midnight
 
 
 def test_what_was_carried_reads_back_and_a_broken_entry_is_none() -> None:
-    carried = lg.Carried(D1 + DAY, "run-1", {"t": {"g": D1 + 5.5, "h": D1 + 7}})
+    carried = lg.Carried(D1 + DAY, "run-1", {"t": {"g": D1 + 5.5, "h": D1 + 7}}, 12)
     ledger = Ledger(SETTINGS, {"a": A}, carried)
     assert lg.decode(lg.encode(ledger)) == ledger
     text = lg.encode(ledger)
     for name in ('""', '"../x"', "3"):  # the ledger still reads; the next run reads every file
         assert lg.decode(text.replace('"name": "run-1"', f'"name": {name}')).carried is None
     assert lg.decode(lg.encode(Ledger(SETTINGS, {"a": A}))).carried is None  # a ledger from before
+    # A table from before runs carried every recent event (no "recent"): not enough to start from.
+    assert lg.decode(text.replace('"recent": 12', '"recent": null')).carried is None

@@ -60,6 +60,7 @@ def test_positioned_cuts_the_pipe_at_position_frames_and_carries_the_lsn_across_
     assert parts == [(7, one + two), (40, one)]
     assert list(positioned(one, 13)) == [(13, one)]  # the rest of a feed, read later
     assert list(positioned(b"", 13)) == []
+    assert list(positioned(one + position_frame(9), 13)) == [(13, one), (9, b"")]  # 9: the next read's
     assert [len(list(FrameReader(p).rows())) for _, p in parts] == [6, 3]
 
 
@@ -111,3 +112,20 @@ async def test_the_wal_hands_over_each_feed_with_the_lsn_of_its_first_record(tmp
     for first, n in recorder.fed:  # consecutive: each feed starts where the last ended
         assert first == lsn
         lsn += n
+
+
+def test_a_read_that_ends_with_a_position_frame_numbers_the_next_reads_frames(tmp_path: Path) -> None:
+    # The pipe may deliver a feed's position frame and its WAL frames in two reads. The LSN
+    # used to be dropped then: the feed's events lost their run and LSN (the first feed of
+    # a node: none had one yet), or took a stale LSN that another feed's events shared.
+    archive = Archive(tmp_path)
+    assert _archive(archive, position_frame(50), None) == 50
+    assert _archive(archive, encode_batch(_life("a")), 50) == 53
+    assert _archive(archive, encode_batch(_life("b")) + position_frame(80), 53) == 80
+    assert _archive(archive, encode_batch(_life("c")), 80) == 83
+    archive.close()
+    events = [e for f in list_archive_files(tmp_path) for e in read_archive_file(f.path)]
+    assert [(e["code"], e["run"], e["lsn"]) for e in events] == [
+        *((c, archive.run, n) for c, n in zip("aaabbb", range(50, 56), strict=True)),
+        *(("c", archive.run, n) for n in range(80, 83)),
+    ]
