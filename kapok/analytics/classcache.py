@@ -35,7 +35,9 @@ import subprocess
 from pathlib import Path
 from typing import Any, Final
 
-__all__ = ["CACHE_ENV", "EXIT_WAIT_S", "ClassCache", "jvm_options"]
+import psutil
+
+__all__ = ["CACHE_ENV", "EXIT_WAIT_S", "ClassCache", "for_session"]
 
 CACHE_ENV: Final = "KAPOK_SPARK_CLASS_CACHE"
 _CDS_OPTIONS: Final = ("-Xshare", "SharedArchiveFile", "ArchiveClassesAtExit", "DumpLoadedClassList")
@@ -87,21 +89,11 @@ class ClassCache:
                 if path == self.archive:
                     continue
                 pid = path.stem.rpartition(".")[2] if path.suffix == ".tmp" else ""
-                if not (pid.isdigit() and _alive(int(pid))):
+                if not (pid.isdigit() and psutil.pid_exists(int(pid))):
                     path.unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def jvm_options(java: str, jars: Path, fixed_options: str, caller_options: str) -> ClassCache | None:
+def for_session(java: str, jars: Path, fixed_options: str, caller_options: str) -> ClassCache | None:
     """The class cache of a local session, or None where it does not apply (see above)."""
     if os.environ.get(CACHE_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         return None

@@ -68,7 +68,7 @@ __all__ = [
 # "b" (backlog parts), "s" (a duration's stats per window), all small, with their figures
 # as JSON in ``data``; "v": the durations of one topic × metric, ``blob`` an Arrow IPC
 # stream of (``window_t``, ``value``); "k": events carried to a later run (``blob``: an
-# Arrow IPC stream of ``reading.EVENT_FIELDS``, ``window_t``: the time they precede).
+# Arrow IPC stream of ``reading.EVENT_FIELDS``).
 OUT_DDL: Final = "kind STRING, topic STRING, metric STRING, window_t LONG, data STRING, blob BINARY"
 OUT_FIELDS: Final = pa.schema(
     [
@@ -187,7 +187,7 @@ def lives(
     if carry_t is not None:  # every event from ``carry_t`` on: a later run reads no file again for them
         after = events.filter(pc.greater_equal(events["t"], carry_t))
         if after.num_rows:
-            yield _carry_row(after, carry_t)
+            yield _carry_row(after)
     found = Lives(window_s, since_t, starts)
     known = events.filter(pc.and_(pc.is_valid(events["code"]), pc.is_valid(events["topic"])))
     ordered = known.sort_by([("code", "ascending"), ("ev", "ascending")])
@@ -198,7 +198,7 @@ def lives(
         found.add_parts(figured.parts)
         yield _packed(figured.values)
         if len(figured.carried):
-            yield _carry_row(ordered.take(pa.array(figured.carried)), carry_t)
+            yield _carry_row(ordered.take(pa.array(figured.carried)))
         rest = figured.rest
     for chunk in _code_chunks(rest):
         codes, evs, topics, groups, ts, creates, delivers, attempts = (
@@ -219,7 +219,7 @@ def lives(
         values, found.values = found.values, {}
         yield _packed(values)
         if carried:
-            yield _carry_row(chunk.take(pa.array(carried, pa.int64())), carry_t)
+            yield _carry_row(chunk.take(pa.array(carried, pa.int64())))
     backlog = [
         _row("b", topic, window_t, data=[group, *parts])
         for (topic, group, window_t), parts in found.backlog.items()
@@ -237,9 +237,9 @@ def _packed(values: Mapping[tuple[str, str], tuple[Any, Any]]) -> pa.RecordBatch
     return pa.RecordBatch.from_pylist(rows, schema=OUT_FIELDS)
 
 
-def _carry_row(events: pa.Table, carry_t: float | None) -> pa.RecordBatch:
+def _carry_row(events: pa.Table) -> pa.RecordBatch:
     """Events carried to a later run as one "k" row."""
-    row = _row("k", None, int(carry_t or 0))
+    row = _row("k", None)
     row["blob"] = ipc_bytes(events)
     return pa.RecordBatch.from_pylist([row], schema=OUT_FIELDS)
 

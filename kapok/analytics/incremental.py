@@ -12,7 +12,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kapok.analytics import ledger as lg
-from kapok.analytics.files import archive_files, file_key, list_files, read_text, remove_children, write_text
+from kapok.analytics.files import (
+    archive_files,
+    file_key,
+    list_files,
+    read_text,
+    remove_children,
+    write_events,
+    write_text,
+)
 from kapok.analytics.ledger import Carried, FileSpan, FileStamp, Ledger
 
 if TYPE_CHECKING:
@@ -20,7 +28,7 @@ if TYPE_CHECKING:
 
     from kapok.analytics.job import JobResult, Resume
 
-__all__ = ["list_files", "read_ledger", "run_incremental", "scan_files"]
+__all__ = ["read_ledger", "run_incremental", "scan_files"]
 
 
 def scan_files(spark: SparkSession, files: Mapping[str, FileStamp]) -> dict[str, FileSpan]:
@@ -79,9 +87,10 @@ def run_incremental(
         scanned = scan_files(spark, {path: current[path] for path in plan.new})
         touched = lg.touched_days(before, scanned)
         known = lg.merge(before, current, scanned, settings).files
-        resume = _resume(spark, output, before.carried, touched)
         last_t = max((span.last_t for span in known.values() if span.last_t is not None), default=None)
-        days = sorted(touched) if resume is None else lg.resumed_days(before.carried, touched, last_t) or []
+        resumed = lg.resumed_days(before.carried, touched, last_t)
+        resume = None if resumed is None else _resume(spark, output, before.carried)
+        days = sorted(touched) if resume is None or resumed is None else resumed
         files = sorted(current) if resume is None else sorted(plan.new)
         progress(
             f"an incremental run: {len(plan.new)} new or grown file(s) of {len(current)}, "
@@ -109,15 +118,16 @@ def run_incremental(
         output.rstrip("/") + "/" + lg.LEDGER_FILE,
         lg.encode(lg.merge(before, current, scanned, settings, carried)),
     )
-    _forget_carried(spark, output, keep=None if carried is None else carried.name)
+    # What earlier runs carried: the ledger no longer names it.
+    remove_children(spark, f"{output.rstrip('/')}/{lg.CARRY_DIR}", None if carried is None else carried.name)
     return result
 
 
-def _resume(spark: SparkSession, output: str, carried: Carried | None, touched: set[str]) -> Resume | None:
-    """What the run before carried, when this run can start there (its files still exist)."""
+def _resume(spark: SparkSession, output: str, carried: Carried | None) -> Resume | None:
+    """What the run before carried, if its table is still there."""
     from kapok.analytics.job import Resume
 
-    if carried is None or lg.resumed_days(carried, touched) is None:
+    if carried is None:
         return None
     uri = f"{output.rstrip('/')}/{lg.CARRY_DIR}/{carried.name}"
     if read_text(spark, uri + "/_SUCCESS") is None:  # removed by hand, or a copy of the output
@@ -128,14 +138,7 @@ def _resume(spark: SparkSession, output: str, carried: Carried | None, touched: 
 
 def _write_carried(spark: SparkSession, output: str, resume: Resume, now: float) -> Carried:
     """Write what a run carries under a new name (the ledger, written next, names it)."""
-    from kapok.analytics.files import write_events
-
     name = f"run-{int(now * 1000)}"
     assert not isinstance(resume.events, str)  # a run gives the table
     write_events(spark, resume.events, f"{output.rstrip('/')}/{lg.CARRY_DIR}/{name}")
     return Carried(resume.t, name, resume.starts, resume.recent)
-
-
-def _forget_carried(spark: SparkSession, output: str, keep: str | None) -> None:
-    """Remove what earlier runs carried (all but ``keep``): the ledger no longer names it."""
-    remove_children(spark, f"{output.rstrip('/')}/{lg.CARRY_DIR}", keep)

@@ -56,7 +56,7 @@ from kapok.analytics.files import EVENTS_DDL, archive_files, file_bytes, write_t
 from kapok.analytics.session import first_line
 from kapok.errors import AnalyticsError
 
-__all__ = ["SUMMARY_FILE", "JobResult", "Resume", "carried_events", "run_job", "scan_files"]
+__all__ = ["SUMMARY_FILE", "JobResult", "Resume", "run_job", "scan_files"]
 
 SUMMARY_FILE = "summary.json"
 DAY_S = 86400
@@ -88,7 +88,7 @@ class Resume:
     group's first event."""
 
     t: float
-    events: str | pa.Table
+    events: str | pa.Table  # the URI a run resumes from; the table a run gives
     starts: dict[str, dict[str, float]]
     recent: int = 0
 
@@ -269,19 +269,14 @@ def _read(
 
     rows = files.mapInArrow(read, reading.BLOB_DDL)
     if resume is not None:
-        rows = rows.unionAll(carried_events(spark, resume).mapInArrow(bucketed, reading.BLOB_DDL))
+        assert isinstance(resume.events, str)  # a run resumes from the table an earlier one wrote
+        carried = spark.read.schema(EVENTS_DDL).parquet(resume.events)
+        rows = rows.unionAll(carried.mapInArrow(bucketed, reading.BLOB_DDL))
     read_once = rows.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         yield read_once
     finally:
         read_once.unpersist()
-
-
-def carried_events(spark: SparkSession, resume: Resume) -> DataFrame:
-    """``resume``'s events as a DataFrame (``EVENTS_DDL``)."""
-    if isinstance(resume.events, str):
-        return spark.read.schema(EVENTS_DDL).parquet(resume.events)
-    return spark.createDataFrame(resume.events.cast(reading.EVENT_FIELDS), schema=EVENTS_DDL)
 
 
 def _scans(rows: DataFrame | None) -> dict[str, reading.FileScan]:

@@ -148,7 +148,7 @@ def build_session(
         log_option = f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}"
         extra = settings.get("spark.driver.extraJavaOptions", "")
         _CLASS_CACHE = (
-            classcache.jvm_options(java_executable() or "java", _jars(), LOCAL_JVM_OPTIONS, extra)
+            classcache.for_session(java_executable() or "java", _jars(), LOCAL_JVM_OPTIONS, extra)
             if class_cache
             else None
         )

@@ -30,20 +30,20 @@ def test_the_cache_is_one_archive_per_java_jars_and_options(
     setup: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     java, jars = setup
-    cache = classcache.jvm_options(str(java), jars, "-XX:TieredStopAtLevel=1", "")
+    cache = classcache.for_session(str(java), jars, "-XX:TieredStopAtLevel=1", "")
     assert cache is not None and cache.archive.parent == java.parent / "cache" / "kapok"
-    same = classcache.jvm_options(str(java), jars, "-XX:TieredStopAtLevel=1", "-Xmx1g")
+    same = classcache.for_session(str(java), jars, "-XX:TieredStopAtLevel=1", "-Xmx1g")
     assert same is not None and same.archive == cache.archive
-    other_options = classcache.jvm_options(str(java), jars, "", "")
+    other_options = classcache.for_session(str(java), jars, "", "")
     (jars / "spark-sql.jar").write_bytes(b"y")
-    other_jars = classcache.jvm_options(str(java), jars, "-XX:TieredStopAtLevel=1", "")
+    other_jars = classcache.for_session(str(java), jars, "-XX:TieredStopAtLevel=1", "")
     assert other_options is not None and other_jars is not None
     assert len({cache.archive, other_options.archive, other_jars.archive}) == 3
     # The caller's own CDS options, or the switch, turn it off.
-    assert classcache.jvm_options(str(java), jars, "", "-Xshare:off") is None
-    assert classcache.jvm_options(str(java), jars, "", "-XX:SharedArchiveFile=/x.jsa") is None
+    assert classcache.for_session(str(java), jars, "", "-Xshare:off") is None
+    assert classcache.for_session(str(java), jars, "", "-XX:SharedArchiveFile=/x.jsa") is None
     monkeypatch.setenv(classcache.CACHE_ENV, "0")
-    assert classcache.jvm_options(str(java), jars, "", "") is None
+    assert classcache.for_session(str(java), jars, "", "") is None
 
 
 def _jvm(dump: Path, status: int) -> Any:
@@ -63,7 +63,7 @@ def _jvm(dump: Path, status: int) -> Any:
 
 def test_a_dump_is_kept_only_after_a_clean_exit(setup: tuple[Path, Path]) -> None:
     java, jars = setup
-    cache = classcache.jvm_options(str(java), jars, "", "")
+    cache = classcache.for_session(str(java), jars, "", "")
     assert cache is not None
     options = cache.options()  # no archive yet: this run dumps one
     assert cache.pending == cache.archive.with_name(f"{cache.archive.name}.{os.getpid()}.tmp")
@@ -81,7 +81,7 @@ def test_a_dump_is_kept_only_after_a_clean_exit(setup: tuple[Path, Path]) -> Non
 
 def test_leftovers_of_gone_processes_and_other_keys_are_removed(setup: tuple[Path, Path]) -> None:
     java, jars = setup
-    cache = classcache.jvm_options(str(java), jars, "", "")
+    cache = classcache.for_session(str(java), jars, "", "")
     assert cache is not None
     base = cache.archive.parent
     gone = subprocess.run(
