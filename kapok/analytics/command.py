@@ -49,6 +49,7 @@ def run_command(args: argparse.Namespace) -> int:
     require_runtime()
     session, owned = _session(args.master, conf_pairs(args.conf or []))
     death: AnalyticsError | None = None
+    read_files = False  # whether a run read a file: only then is the class cache's dump kept
     try:
         heap, run = driver_heap(session), 0
         while True:
@@ -56,7 +57,7 @@ def run_command(args: argparse.Namespace) -> int:
             if run and (death := jvm_death(session, heap)) is not None:
                 raise death
             try:
-                _run_once(session, args, output)
+                read_files = _run_once(session, args, output) or read_files
             except Exception as exc:
                 # A dead JVM fails the run in whichever call came next (a Py4J error, a
                 # refused connection): say that instead, and stop.
@@ -72,7 +73,7 @@ def run_command(args: argparse.Namespace) -> int:
             wait(args.watch)
     finally:
         if owned and death is None:  # a dead JVM has nothing to stop
-            stop_session(session)
+            stop_session(session, read_files=read_files)
 
 
 def conf_pairs(items: list[str]) -> dict[str, str]:
@@ -120,7 +121,8 @@ def _absolute(spec: str) -> str:
     return os.path.abspath(os.path.expanduser(spec.removeprefix("file://")))
 
 
-def _run_once(session: SparkSession, args: argparse.Namespace, output: str) -> None:
+def _run_once(session: SparkSession, args: argparse.Namespace, output: str) -> bool:
+    """One run of the job (or none, when nothing is new); whether it read any file."""
     from kapok.analytics import transforms as tf
     from kapok.analytics.incremental import run_incremental
     from kapok.analytics.job import run_job
@@ -149,7 +151,7 @@ def _run_once(session: SparkSession, args: argparse.Namespace, output: str) -> N
         )
     took = time.monotonic() - started
     if result is None:  # nothing new
-        return
+        return False
     windows_table, groups_table = tf.table_names(args.window)
     tables = ", ".join(
         f"{name}/" for name in (windows_table, "daily", groups_table, tf.consumers_table(args.window))
@@ -158,3 +160,4 @@ def _run_once(session: SparkSession, args: argparse.Namespace, output: str) -> N
         f"{result.topics} topics, {result.topic_hours} topic-windows → {output} "
         f"(summary.json, {tables}) in {took:.1f} s"
     )
+    return bool(result.file_times)  # files read: the job's tasks ran

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from kapok.analytics import reading
 from kapok.analytics.ledger import FileStamp
@@ -154,7 +155,16 @@ EVENTS_DDL: Final = (
 
 
 def write_events(spark: SparkSession, events: pa.Table, uri: str) -> None:
-    """Write events (``reading.EVENT_FIELDS``) as a Parquet table at ``uri`` (replaced)."""
+    """Write events (``reading.EVENT_FIELDS``) as a Parquet table at ``uri`` (replaced): on a
+    local disk by this process (one file, then ``_SUCCESS``, as Spark marks a table written),
+    else by Spark."""
+    if is_local(uri):
+        root = Path(file_key(uri))
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        pq.write_table(events.cast(reading.EVENT_FIELDS), root / "part-00000.parquet")
+        (root / "_SUCCESS").touch()
+        return
     frame = spark.createDataFrame(events.cast(reading.EVENT_FIELDS), schema=EVENTS_DDL)
     frame.coalesce(1).write.mode("overwrite").parquet(uri)
 

@@ -147,11 +147,7 @@ def build_session(
         global _CLASS_CACHE
         log_option = f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}"
         extra = settings.get("spark.driver.extraJavaOptions", "")
-        _CLASS_CACHE = (
-            classcache.for_session(java_executable() or "java", _jars(), LOCAL_JVM_OPTIONS, extra)
-            if class_cache
-            else None
-        )
+        _CLASS_CACHE = local_class_cache(extra) if class_cache else None
         cached = "" if _CLASS_CACHE is None else _CLASS_CACHE.options()
         settings["spark.driver.extraJavaOptions"] = (
             f"{log_option} {LOCAL_JVM_OPTIONS} {cached} {extra}".strip()
@@ -166,15 +162,21 @@ def build_session(
     return session
 
 
-def stop_session(session: SparkSession) -> None:
+def local_class_cache(java_options: str = "") -> classcache.ClassCache | None:
+    """The class cache a local session with the caller's ``java_options`` maps (or dumps)."""
+    return classcache.for_session(java_executable() or "java", _jars(), LOCAL_JVM_OPTIONS, java_options)
+
+
+def stop_session(session: SparkSession, *, read_files: bool = True) -> None:
     """Stop a session ``build_session`` made; when its JVM dumps the class cache
-    (``kapok.analytics.classcache``), end that JVM too and keep the dump."""
+    (``kapok.analytics.classcache``), end that JVM too and keep the dump if the session
+    ``read_files``."""
     from pyspark import SparkContext
 
     gateway = session.sparkContext._gateway
     session.stop()
     if _CLASS_CACHE is not None and _CLASS_CACHE.pending is not None:
-        _CLASS_CACHE.finish(gateway)
+        _CLASS_CACHE.finish(gateway, keep=read_files)
         # The JVM is gone: a later session in this process starts another one.
         SparkContext._gateway = None
         SparkContext._jvm = None

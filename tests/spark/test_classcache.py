@@ -1,8 +1,9 @@
 """The class cache with a real JVM: ``kapok analytics`` dumps it once, and the next run maps it.
 
-Two runs of the command as a child process, with a cache folder of their own: the first
-leaves one archive (and no dump in progress), the second's JVM has that archive mapped
-(its /proc maps name the file) and leaves it as it was.
+Runs of the command as a child process, with a cache folder of their own: one over an
+empty archive leaves no archive; the first that reads files leaves one (and no dump in
+progress); the next one's JVM has that archive mapped (its /proc maps name the file) and
+leaves it as it was.
 """
 
 from __future__ import annotations
@@ -53,6 +54,12 @@ def test_the_first_run_dumps_the_class_cache_and_the_next_maps_it(tmp_path: Path
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     env.pop(classcache.CACHE_ENV, None)
     cache = tmp_path / "cache" / "kapok"
+
+    # A run that reads no file keeps no dump: it lacks the classes that read and write rows.
+    (tmp_path / "empty" / "archive").mkdir(parents=True)
+    code, err, mapped = _run(tmp_path / "empty", tmp_path / "out0", env)
+    assert code == 0, err
+    assert not mapped and list(cache.iterdir()) == []
 
     code, err, mapped = _run(store, tmp_path / "out1", env)
     assert code == 0, err

@@ -79,6 +79,21 @@ def test_a_dump_is_kept_only_after_a_clean_exit(setup: tuple[Path, Path]) -> Non
     assert cache.pending is None  # mapped, nothing to dump
 
 
+def test_a_session_that_read_no_file_writes_no_dump(setup: tuple[Path, Path]) -> None:
+    java, jars = setup
+    cache = classcache.for_session(str(java), jars, "", "")
+    assert cache is not None
+    cache.options()
+    dump = cache.pending
+    assert dump is not None
+    jvm = _jvm(dump, 0)
+    cache.finish(jvm, keep=False)  # killed: it never gets to write the dump
+    assert jvm.proc.returncode == -9
+    assert not dump.exists() and not cache.archive.exists() and cache.pending is None
+    cache.options()  # the next run dumps again
+    assert cache.pending is not None
+
+
 def test_leftovers_of_gone_processes_and_other_keys_are_removed(setup: tuple[Path, Path]) -> None:
     java, jars = setup
     cache = classcache.for_session(str(java), jars, "", "")
