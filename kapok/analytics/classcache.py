@@ -13,8 +13,9 @@ The rules:
   ``SharedArchiveFile``, ``ArchiveClasses…``).
 * The archive is ``spark-classes-<key>.jsa`` in ``$XDG_CACHE_HOME/kapok`` (else
   ``~/.cache/kapok``); ``<key>`` hashes what it must match: the java binary (its path,
-  size and mtime), Spark's jars (their folder, names and sizes: the class path) and the
-  JVM options this module's caller always sets. Another JDK or Spark gets another key;
+  size and mtime), Spark's jars (their folder, names and sizes: the class path), the
+  JVM options this module's caller always sets, and ``_RULES`` (the rules it was kept
+  under, below). Another JDK or Spark gets another key;
   the JVM itself refuses an archive that does not match (it then runs as without one).
 * Without an archive, the run dumps one to ``<archive>.<pid>.tmp``, and ``finish`` — after
   the session's stop — closes the gateway, waits for the JVM's exit (the dump is written
@@ -47,6 +48,8 @@ __all__ = ["CACHE_ENV", "EXIT_WAIT_S", "ClassCache", "for_session"]
 CACHE_ENV: Final = "KAPOK_SPARK_CLASS_CACHE"
 _CDS_OPTIONS: Final = ("-Xshare", "SharedArchiveFile", "ArchiveClassesAtExit", "DumpLoadedClassList")
 _QUIET: Final = "-Xlog:cds*=off -Xlog:class+path*=off"
+# In the key: archives kept under earlier rules (a dump of a run that read no file) are replaced.
+_RULES: Final = 2
 EXIT_WAIT_S: Final = 120.0  # the JVM writes the dump (about 200 MB) as it exits
 
 
@@ -115,7 +118,7 @@ def for_session(java: str, jars: Path, fixed_options: str, caller_options: str) 
         binary = Path(java).resolve()
         stat = binary.stat()
         digest = hashlib.sha256(
-            f"{binary}\0{stat.st_size}\0{stat.st_mtime_ns}\0{fixed_options}\0{jars.resolve()}".encode()
+            f"{_RULES}\0{binary}\0{stat.st_size}\0{stat.st_mtime_ns}\0{fixed_options}\0{jars.resolve()}".encode()
         )
         for jar in sorted(jars.glob("*.jar")):
             digest.update(f"\0{jar.name}\0{jar.stat().st_size}".encode())
