@@ -776,6 +776,41 @@ class Broker:
                 self._dirty.add(entry.group)
         return redelivered
 
+    def resume_all(self, messages: Iterable[Message], now: float, reason: str = "recovery") -> int:
+        """``resume`` every replayed live message and ``retire`` every finished one, in the
+        order given (publish order); returns how many entries are delivered again. The common
+        message (its one entry ready, never delivered, due, with no TTL) is queued the short
+        way: a million of them come back at every start-up."""
+        topics = self.topics
+        dirty = self._dirty
+        redelivered = 0
+        added = 0
+        for msg in messages:
+            if msg.finished_at:  # not ``live``
+                self.retire(msg, now)
+            elif (
+                msg.status is _READY
+                and not msg.attempts
+                and not msg.more
+                and not msg.expire_at
+                and msg.deliver_at <= now
+            ):
+                topic = topics[msg.topic]
+                size = len(msg.data)
+                topic.live_count += 1
+                topic.live_bytes += size
+                added += size + MESSAGE_OVERHEAD_BYTES
+                if topic.order is not None:
+                    topic.order.append(msg)
+                group = msg.group
+                (group.ready[msg.priority] or group.queue(msg.priority)).append(msg)
+                group.ready_count += 1
+                dirty.add(group)
+            else:
+                redelivered += self.resume(msg, now, reason)
+        self.backlog_bytes += added
+        return redelivered
+
     def restore_claim(self, entry: Entry, claim: str, lease_s: float) -> None:
         """A replayed delivery of ``entry``: under ``claim`` ("" for none: it leaves any
         claim it was under)."""

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import fcntl
 import gc
+import itertools
 import logging
 import os
 import time
@@ -39,7 +40,7 @@ from pathlib import Path
 from kapok.config import StorageConfig
 from kapok.core.broker import Broker
 from kapok.core.changes import Change
-from kapok.core.replay import apply, finish_recovery, state_records
+from kapok.core.replay import apply_all, finish_recovery, state_records
 from kapok.errors import StorageError
 from kapok.storage.archiver import ArchiveFeed, ArchiveSettings
 from kapok.storage.records import FrameReader, encode_batch, encode_end
@@ -149,8 +150,7 @@ class DiskStore:
         one by one, so recovery needs no more memory than the state it rebuilds.
         """
         reader = snapshot.reader()
-        for record in reader:
-            apply(broker, record)
+        apply_all(broker, reader)
         if reader.problem is not None:  # checked before, so only a writer bug gets here
             raise StorageError(f"snapshot at LSN {snapshot.lsn} cannot be read: {reader.problem}")
         start_lsn = snapshot.lsn
@@ -173,13 +173,12 @@ class DiskStore:
                 break
             read = True
             reader = FrameReader(map_file(segment.path))
-            lsn = segment.first_lsn
-            for record in reader:
-                if lsn >= start_lsn:
-                    apply(broker, record)
-                    replayed += 1
-                lsn += 1
-            next_lsn = max(next_lsn, lsn)
+            records = iter(reader)
+            skip = start_lsn - segment.first_lsn  # records the snapshot holds already
+            if skip > 0:
+                next(itertools.islice(records, skip - 1, None), None)
+            replayed += apply_all(broker, records)
+            next_lsn = max(next_lsn, segment.first_lsn + reader.count)
             if reader.problem is not None:
                 self.corrupt_tails += 1
                 log.warning(
