@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from kapok.analytics import reading
@@ -28,6 +29,7 @@ __all__ = [
     "file_key",
     "is_local",
     "list_files",
+    "read_local_table",
     "read_text",
     "remove_children",
     "write_events",
@@ -167,6 +169,17 @@ def write_events(spark: SparkSession, events: pa.Table, uri: str) -> None:
         return
     frame = spark.createDataFrame(events.cast(reading.EVENT_FIELDS), schema=EVENTS_DDL)
     frame.coalesce(1).write.mode("overwrite").parquet(uri)
+
+
+def read_local_table(uri: str, schema: pa.Schema) -> pa.Table | None:
+    """A table the job wrote on a local disk (partitioned by ``day``, ``schema``'s last
+    column), read by this process (None if there is none); a column a file lacks (written
+    before the column existed) reads as null, as Spark reads it."""
+    root = Path(file_key(uri))
+    if not root.is_dir():
+        return None
+    days = ds.partitioning(pa.schema([schema.field("day")]), flavor="hive")
+    return ds.dataset(root, schema=schema, format="parquet", partitioning=days).to_table()
 
 
 def remove_children(spark: SparkSession, base: str, keep: str | None) -> None:

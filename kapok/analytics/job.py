@@ -25,13 +25,11 @@ archive's retention). A recomputed day whose written partition holds more than t
 archive still does (an earlier hour, or more counted events) is kept as it was
 (``JobResult.kept_days``). Timestamps are written as Parquet INT64 microseconds.
 
-One Spark job does the work: its tasks read each file once (``reading.read_file``: the
-file's totals, given with each bucket, and its events in buckets by code); the buckets
-are shuffled to the tasks that figure their messages' lives (``engine.lives``, which
-needs every file's totals: each group's first event, the input's last day), and the
-durations to those that figure their percentiles (``engine.stats``). The figures are
-small (rows per topic × window), so the tables are made of them in this process and
-handed to Spark only to write.
+Spark reads each file once (``reading.read_file`` in its tasks: the file's totals, and its
+events in buckets by code) and keeps what the tasks return for the two passes: the
+files' totals (and each group's first event, which ``engine.lives`` needs), then the
+figures (``engine``). The figures are small (rows per topic × window), so the tables are
+made of them in this process and handed to Spark only to write.
 """
 
 from __future__ import annotations
@@ -47,13 +45,21 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 from py4j.protocol import Py4JError
+from pyspark import StorageLevel
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kapok.analytics import engine, reading
 from kapok.analytics import transforms as tf
-from kapok.analytics.files import EVENTS_DDL, archive_files, file_bytes, write_text
+from kapok.analytics.files import (
+    EVENTS_DDL,
+    archive_files,
+    file_bytes,
+    is_local,
+    read_local_table,
+    write_text,
+)
 from kapok.analytics.session import first_line
 from kapok.errors import AnalyticsError
 
@@ -139,9 +145,11 @@ def _run(
     since_t = None if since_t is None else math.floor(since_t / DAY_S) * DAY_S
     if resume is not None:
         since_t = resume.t if since_t is None else max(since_t, resume.t)
-    scans, figures = _figures(spark, sources, since_t, window, days, resume, carry)
-    starts = engine.merge_starts(scans.values(), resume.starts if resume else {})
-    carry_t = _carry_t(scans.values(), None if resume is None else resume.t) if carry else None
+    with _read(spark, sources, since_t, resume) as read:
+        scans = _scans(read)
+        starts = engine.merge_starts(scans.values(), resume.starts if resume else {})
+        carry_t = _carry_t(scans.values(), resume) if carry else None
+        figures = _figures(read, since_t, window, days, starts, carry_t)
     file_times = {name: (scan.first_t, scan.last_t) for name, scan in scans.items()}
     skipped = sum(scan.skipped for scan in scans.values())
     count = sum(scan.events for scan in scans.values()) + (resume.recent if resume else 0)
@@ -189,8 +197,7 @@ def _run(
             )
     # The summary covers every day of the table (history older than the archive too),
     # not only the days this run recomputed; its latencies are those of the acks read.
-    history = _read_table(spark, _join(output, "daily"), _schema("daily", window))
-    day_rows = [] if history is None else [row.asDict() for row in history.collect()]
+    day_rows = _day_rows(spark, output, window)
     topic_rows = tf.topic_totals(day_rows, stats)
     group_rows = tf.last_windows(groups, window)
     generated_at = datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
@@ -207,13 +214,13 @@ def _run(
     )
 
 
-def _carry_t(scans: Iterable[reading.FileScan], resume_t: float | None) -> float | None:
-    """The midnight (UTC) that starts the input's last day; never before ``resume_t``."""
+def _carry_t(scans: Iterable[reading.FileScan], resume: Resume | None) -> float | None:
+    """The midnight (UTC) that starts the input's last day; never before ``resume.t``."""
     last = max((scan.last_t for scan in scans if scan.last_t is not None), default=None)
     if last is None:
-        return resume_t
+        return None if resume is None else resume.t
     t = math.floor(last / DAY_S) * DAY_S
-    return t if resume_t is None else max(t, resume_t)
+    return t if resume is None else max(t, resume.t)
 
 
 _COUNTS_DDL = ", ".join(
@@ -239,36 +246,23 @@ def scan_files(files: DataFrame | None) -> dict[str, reading.FileScan]:
             for name, data in zip(batch["path"].to_pylist(), batch["content"].to_pylist(), strict=True):
                 yield reading.read_file(name, file_bytes(name, data), None, 0)
 
-    scans = files.mapInArrow(scan, reading.BLOB_DDL).select("name", "blob").toArrow()
-    return {
-        name: reading.file_scan(blob)
-        for name, blob in zip(scans["name"].to_pylist(), scans["blob"].to_pylist(), strict=True)
-    }
+    return _scans(files.mapInArrow(scan, reading.BLOB_DDL))
 
 
-def _figures(
-    spark: SparkSession,
-    sources: Sequence[str],
-    since_t: float | None,
-    window: str,
-    days: Sequence[str] | None,
-    resume: Resume | None,
-    carry: bool,
-) -> tuple[dict[str, reading.FileScan], engine.Figures]:
-    """Each file's scan and the engine's figures, in one Spark job: each file read once
-    (``reading.read_file``: its events in buckets by code, and its scan given with every
-    bucket), ``resume``'s events in the same buckets; the buckets shuffled to the tasks,
-    each of which merges the scans it got (each group's first event, the input's last
-    day) and runs ``engine.lives``; the durations shuffled by topic × metric,
-    ``engine.stats``: as ``engine.figures_of`` computes them in one process."""
+@contextmanager
+def _read(
+    spark: SparkSession, sources: Sequence[str], since_t: float | None, resume: Resume | None
+) -> Iterator[DataFrame | None]:
+    """Every file of ``sources`` read once (``reading.read_file``: its scan, its events in
+    buckets), and ``resume``'s events in the same buckets, kept by Spark for the job's two
+    passes (None without files)."""
     files = archive_files(spark, sources)
-    if files is None:  # a node that has archived nothing yet
-        return {}, engine.decode(engine.OUT_FIELDS.empty_table())
-    tasks = int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
+    if files is None:
+        yield None
+        return
     # More buckets than tasks: Spark hashes a bucket to its task, and some tasks get two.
-    buckets = 4 * tasks
+    buckets = 4 * int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
     from_t = None if resume is None else resume.t
-    earlier = {} if resume is None else resume.starts
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -279,45 +273,58 @@ def _figures(
         for batch in batches:
             yield reading.bucket_rows(pa.Table.from_batches([batch]).cast(reading.EVENT_FIELDS), buckets)
 
-    def lives(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        scans: dict[str, bytes] = {}
-        blobs: list[bytes] = []
-        for batch in batches:
-            columns = (batch[name].to_pylist() for name in ("kind", "name", "blob"))
-            for kind, name, blob in zip(*columns, strict=True):
-                if kind == "scan":
-                    scans[name] = blob
-                else:
-                    blobs.append(blob)
-        found = [reading.file_scan(blob) for blob in scans.values()]
-        yield pa.RecordBatch.from_pylist(  # for the driver: its columns not named are null
-            [{"kind": "scan", "topic": name, "blob": blob} for name, blob in scans.items()],
-            schema=engine.OUT_FIELDS,
-        )
-        yield from engine.lives(
-            reading.events_of(blobs),
-            window_s=tf.WINDOWS[window],
-            since_t=since_t,
-            days=days,
-            starts=engine.merge_starts(found, earlier),
-            carry_t=_carry_t(found, from_t) if carry else None,
-        )
-
     rows = files.mapInArrow(read, reading.BLOB_DDL)
     if resume is not None:
         assert isinstance(resume.events, str)  # a run resumes from the table an earlier one wrote
         carried = spark.read.schema(EVENTS_DDL).parquet(resume.events)
         rows = rows.unionAll(carried.mapInArrow(bucketed, reading.BLOB_DDL))
-    out = (
-        rows.repartition(tasks, "key")
+    read_once = rows.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        yield read_once
+    finally:
+        read_once.unpersist()
+
+
+def _scans(rows: DataFrame | None) -> dict[str, reading.FileScan]:
+    if rows is None:
+        return {}
+    scans = rows.where(F.col("kind") == "scan").select("name", "blob").toArrow()
+    return {
+        name: reading.file_scan(blob)
+        for name, blob in zip(scans["name"].to_pylist(), scans["blob"].to_pylist(), strict=True)
+    }
+
+
+def _figures(
+    read: DataFrame | None,
+    since_t: float | None,
+    window: str,
+    days: Sequence[str] | None,
+    starts: Mapping[str, Mapping[str, float]],
+    carry_t: float | None,
+) -> engine.Figures:
+    """The engine's figures of ``read``'s events: its buckets shuffled to the tasks,
+    ``engine.lives``, the durations shuffled by topic × metric, ``engine.stats``: as
+    ``engine.figures_of`` computes them in one process."""
+    if read is None:  # a node that has archived nothing yet
+        return engine.decode(engine.OUT_FIELDS.empty_table())
+    tasks = read.sparkSession.conf.get("spark.sql.shuffle.partitions") or "2"
+
+    def lives(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        events = reading.events_of(blob for batch in batches for blob in batch["blob"].to_pylist())
+        return engine.lives(
+            events, window_s=tf.WINDOWS[window], since_t=since_t, days=days, starts=starts, carry_t=carry_t
+        )
+
+    rows = (
+        read.where(F.col("kind") == "events")
+        .repartition(int(tasks), "key")
         .mapInArrow(lives, engine.OUT_DDL)
-        .repartition(tasks, "topic", "metric")
+        .repartition(int(tasks), "topic", "metric")
         .mapInArrow(engine.stats, engine.OUT_DDL)
         .toArrow()
     )
-    scans = out.filter(pc.equal(out["kind"], "scan"))  # every task's copy of them: one each
-    named = dict(zip(scans["topic"].to_pylist(), scans["blob"].to_pylist(), strict=True))
-    return {name: reading.file_scan(blob) for name, blob in named.items()}, engine.decode(out)
+    return engine.decode(rows)
 
 
 def _partial_days(
@@ -372,6 +379,16 @@ def _partial_days(
         if old_totals.get(day, 0) > new_totals.get(day, 0) or earlier:
             kept.append(day)
     return sorted(kept)
+
+
+def _day_rows(spark: SparkSession, output: str, window: str) -> list[dict[str, Any]]:
+    """Every row of the ``daily`` table: on a local disk read by this process, else by Spark."""
+    uri, schema = _join(output, "daily"), _schema("daily", window)
+    if is_local(uri):
+        table = read_local_table(uri, schema)
+        return [] if table is None else table.to_pylist()
+    history = _read_table(spark, uri, schema)
+    return [] if history is None else [row.asDict() for row in history.collect()]
 
 
 def _read_table(spark: SparkSession, uri: str, schema: pa.Schema) -> DataFrame | None:

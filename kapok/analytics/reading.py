@@ -221,17 +221,14 @@ def buckets(codes: pa.ChunkedArray | pa.Array, n: int) -> np.ndarray[Any, np.dty
 def read_file(
     name: str, data: bytes, since_t: float | None, n: int, from_t: float | None = None
 ) -> pa.RecordBatch:
-    """One file's ``BLOB_DDL`` rows: its scan, once per bucket key (whichever task gets a
-    bucket gets every file's scan: the job's one pass needs them all there), and its
-    events (those at or after ``from_t``) in ``n`` buckets by code (for 0: a scan only)."""
+    """One file's ``BLOB_DDL`` rows: its scan, and its events (those at or after ``from_t``)
+    in ``n`` buckets by code (none for 0)."""
     table, bad = parse_lines(data)
-    scan = pickle.dumps(_scan(table, bad, since_t))
-    keys = list(range(max(n, 1)))
     rows: dict[str, list[Any]] = {
-        "kind": ["scan"] * len(keys),
-        "key": keys,
-        "name": [name] * len(keys),
-        "blob": [scan] * len(keys),
+        "kind": ["scan"],
+        "key": [0],
+        "name": [name],
+        "blob": [pickle.dumps(_scan(table, bad, since_t))],
     }
     for column, values in _bucket_columns(_events(table, from_t), n).items():
         rows[column] += values
