@@ -23,7 +23,7 @@ The rules:
   killed mid-dump, a full disk) crashes the JVM that maps it (SIGBUS). Dumps of processes
   that are gone, and archives of other keys, are removed. A session that is not finished
   (a test's) leaves its dump to be removed by a later run.
-* Only a run that read events keeps its dump: one that read none (an empty archive,
+* Only a run that read files keeps its dump: one that read none (an empty archive,
   nothing new) never loaded the classes that read, shuffle and write rows, and a run
   over 1,000,000 events that maps its archive costs about 1.4 CPU-seconds more than one
   that maps a dump of a run with events (docs/benchmarks.md). Its JVM is killed once
