@@ -52,6 +52,7 @@ class Row:
     node_rss_bytes: int | None = None
     producer_cpu_s: float | None = None
     consumer_cpu_s: float | None = None
+    load_avg_1m: float | None = None  # the machine's, as the case started
     notes: str = ""
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -80,6 +81,9 @@ COLUMNS = (
     "max ms",
     "node CPU s",
     "node RSS MB",
+    "node µs/msg",
+    "load µs/msg",
+    "load avg",
 )
 
 
@@ -98,8 +102,20 @@ def _cells(row: Row) -> list[str]:
         _ms(row.max_ms),
         _num(row.node_cpu_s, 2),
         _num(rss, 1),
+        _num(_per_message(row, row.node_cpu_s), 1),
+        _num(_per_message(row, row.producer_cpu_s, row.consumer_cpu_s), 1),
+        _num(row.load_avg_1m, 2),
         notes,
     ]
+
+
+def _per_message(row: Row, *cpu_s: float | None) -> float | None:
+    """CPU microseconds per message of the processes given (the node's; the load
+    processes', producer and consumer): None without a count or any figure."""
+    known = [seconds for seconds in cpu_s if seconds is not None]
+    if not known or not row.messages:
+        return None
+    return sum(known) / row.messages * 1e6
 
 
 def format_table(rows: Iterable[Row], *, markdown: bool = True) -> str:

@@ -5,6 +5,7 @@ after Kapok's cases of it, so both see the same minutes of a shared machine."""
 
 from __future__ import annotations
 
+import os
 import time
 
 from kapok.bench.harness import CaseFailed, Harness, Options, Progress
@@ -31,16 +32,19 @@ def run(options: Options, progress: Progress) -> list[Row]:
             for fsync in fsyncs:
                 for replica in options.replicas:
                     for protocol in options.protocols:
-                        rows += _mark(_case(harness, workload, protocol, fsync, replica), "kapok", round_no)
+                        load = os.getloadavg()[0]
+                        case = _case(harness, workload, protocol, fsync, replica)
+                        rows += _mark(case, "kapok", round_no, load)
             for name, url in options.peers:
-                rows += _mark(_peer_case(harness, workload, name, url), name, round_no)
+                load = os.getloadavg()[0]
+                rows += _mark(_peer_case(harness, workload, name, url), name, round_no, load)
     progress.clear()
     return rows
 
 
-def _mark(rows: list[Row], system: str, round_no: int) -> list[Row]:
+def _mark(rows: list[Row], system: str, round_no: int, load: float) -> list[Row]:
     for row in rows:
-        row.system, row.round = system, round_no
+        row.system, row.round, row.load_avg_1m = system, round_no, load
     return rows
 
 

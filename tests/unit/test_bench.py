@@ -35,6 +35,18 @@ def test_table_has_one_line_per_row_and_shows_failures() -> None:
     assert "FAILED" in lines[4] and "timed out after 5 s" in lines[4]
 
 
+def test_table_gives_cpu_per_message_of_node_and_load_and_the_machine_s_load() -> None:
+    rows = [
+        Row("e2e", "kapokmq", "never", messages=50_000, node_cpu_s=0.75, producer_cpu_s=0.4,
+            consumer_cpu_s=0.3, load_avg_1m=1.234),
+        Row("e2e", "native", "never", messages=0, node_cpu_s=0.5),  # no count: no rate per message
+    ]  # fmt: skip
+    header, _, first, second = format_table(rows).splitlines()
+    assert "| node µs/msg | load µs/msg | load avg | notes |" in header
+    assert "| 15.0 | 14.0 | 1.23 |" in first  # 0.75 s / 50,000; (0.4 + 0.3) s / 50,000
+    assert second.endswith("| 0.50 |  |  |  |  |  |")
+
+
 def _args(*argv: str) -> argparse.Namespace:
     return _build_parser().parse_args(["bench", *argv])
 
