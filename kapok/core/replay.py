@@ -33,7 +33,7 @@ from collections.abc import Iterable, Iterator
 
 from kapok.core import changes as ch
 from kapok.core.broker import Broker
-from kapok.core.model import Entry, GroupEntry, Message, Status
+from kapok.core.model import Entry, Message, Status
 from kapok.core.timers import RetentionQueue
 from kapok.core.topics import Group
 
@@ -49,26 +49,8 @@ def apply(broker: Broker, record: ch.Change) -> None:
         broker.restore_seq(record.seq + 1)
         if record.dedup_id:  # even if the message is deleted later, its id stays taken
             broker.admission.dedup.add(record.topic, record.dedup_id, record.code, record.create_time)
-        if record.code in messages:
-            return
-        topic = broker.restore_topic(record.topic)
-        # Decoded records hold fresh objects per message. Names come from the
-        # broker's own objects or are interned, and equal times are one float,
-        # so a million recovered messages do not hold a copy of each.
-        create_time = record.create_time
-        deliver_at = create_time if record.deliver_at == create_time else record.deliver_at
-        groups = [broker.restore_group(topic, name, create_time) for name in record.groups]
-        msg = Message(
-            record.seq, record.code, topic.name, record.data, _shared(record.key), record.priority,
-            create_time, deliver_at, record.expire_at, _shared(record.producer_id), record.dedup_id,
-            record.headers, group=groups[0] if groups else topic.no_group(),
-            status=Status.READY if groups else Status.DROPPED,
-        )  # fmt: skip
-        for group in groups[1:]:
-            msg.add_entry(GroupEntry(msg, group, Status.READY))
-        if not groups:
-            msg.finished_at = create_time
-        messages[record.code] = msg
+        if record.code not in messages:
+            _restore(messages, record, _route(broker, record))
     elif isinstance(record, ch.Delivered):
         entry = _entry(broker, record.code, record.group)
         if entry is not None and not entry.status.final:
@@ -114,7 +96,7 @@ def apply_all(broker: Broker, records: Iterable[ch.Change]) -> int:
     way (recovery replays a million of them): its topic's and groups' objects are looked up
     once per routing, and the sequence number is restored once at the end."""
     messages = broker.messages
-    routes: dict[tuple[str, tuple[str, ...]], tuple[str, tuple[Group, ...], Group]] = {}
+    routes: dict[tuple[str, tuple[str, ...]], _Route] = {}
     top = -1
     count = 0
     for record in records:
@@ -124,29 +106,42 @@ def apply_all(broker: Broker, records: Iterable[ch.Change]) -> int:
             continue
         route = routes.get((record.topic, record.groups))
         if route is None:
-            topic = broker.restore_topic(record.topic)
-            groups = tuple(broker.restore_group(topic, name, record.create_time) for name in record.groups)
-            route = routes[record.topic, record.groups] = (
-                topic.name,
-                groups,
-                groups[0] if groups else topic.no_group(),
-            )
-        name, groups, first = route
-        create_time = record.create_time
-        deliver_at = create_time if record.deliver_at == create_time else record.deliver_at
-        msg = Message(
-            record.seq, record.code, name, record.data, _shared(record.key), record.priority, create_time,
-            deliver_at, record.expire_at, _shared(record.producer_id), "", record.headers, group=first,
-            status=Status.READY if groups else Status.DROPPED,
-        )  # fmt: skip
-        if len(groups) > 1:
-            msg.route(groups[1:], Status.READY)
-        elif not groups:
-            msg.finished_at = create_time
-        messages[record.code] = msg
+            route = routes[record.topic, record.groups] = _route(broker, record)
+        _restore(messages, record, route)
         top = max(top, record.seq)
     broker.restore_seq(top + 1)
     return count
+
+
+# Where a published record's message goes: its topic's name, its groups, and its first
+# group (the topic's ``no_group`` when it has none).
+_Route = tuple[str, tuple[Group, ...], Group]
+
+
+def _route(broker: Broker, record: ch.Published) -> _Route:
+    topic = broker.restore_topic(record.topic)
+    groups = tuple(broker.restore_group(topic, name, record.create_time) for name in record.groups)
+    return topic.name, groups, groups[0] if groups else topic.no_group()
+
+
+def _restore(messages: dict[str, Message], record: ch.Published, route: _Route) -> None:
+    """The message of ``record`` (a code not known yet), entries ready in each group."""
+    name, groups, first = route
+    # Decoded records hold fresh objects per message. Names come from the broker's own
+    # objects or are interned, and equal times are one float, so a million recovered
+    # messages do not hold a copy of each.
+    create_time = record.create_time
+    deliver_at = create_time if record.deliver_at == create_time else record.deliver_at
+    msg = Message(
+        record.seq, record.code, name, record.data, _shared(record.key), record.priority, create_time,
+        deliver_at, record.expire_at, _shared(record.producer_id), record.dedup_id, record.headers,
+        group=first, status=Status.READY if groups else Status.DROPPED,
+    )  # fmt: skip
+    if len(groups) > 1:
+        msg.route(groups[1:], Status.READY)
+    elif not groups:
+        msg.finished_at = create_time
+    messages[record.code] = msg
 
 
 def _entry(broker: Broker, code: str, group: str) -> Entry | None:
