@@ -27,6 +27,7 @@ __all__ = [
     "archive_files",
     "file_bytes",
     "file_key",
+    "hadoop_path",
     "is_local",
     "list_files",
     "read_local_table",
@@ -35,6 +36,13 @@ __all__ = [
     "write_events",
     "write_text",
 ]
+
+
+def hadoop_path(spark: SparkSession, uri: str) -> tuple[Any, Any]:
+    """``uri``'s Hadoop file system (with the session's settings and credentials) and path."""
+    jvm: Any = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    return path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), path
 
 
 def is_local(uri: str) -> bool:
@@ -92,10 +100,7 @@ def list_files(spark: SparkSession, sources: Sequence[str]) -> dict[str, FileSta
                 continue  # deleted since resolved: retention
             out[file_key(source)] = FileStamp(stat.st_size, stat.st_mtime)
             continue
-        jvm: Any = spark.sparkContext._jvm
-        conf: Any = spark.sparkContext._jsc.hadoopConfiguration()
-        path = jvm.org.apache.hadoop.fs.Path(source)
-        fs = path.getFileSystem(conf)
+        fs, path = hadoop_path(spark, source)
         for status in fs.globStatus(path) or []:
             found = fs.listStatus(status.getPath()) if status.isDirectory() else [status]
             for item in found:
@@ -116,14 +121,12 @@ def read_text(spark: SparkSession, uri: str) -> str | None:
             return Path(file_key(uri)).read_text(encoding="utf-8", errors="replace")
         except FileNotFoundError:
             return None
-    jvm: Any = spark.sparkContext._jvm
-    conf: Any = spark.sparkContext._jsc.hadoopConfiguration()
-    path = jvm.org.apache.hadoop.fs.Path(uri)
-    fs = path.getFileSystem(conf)
+    fs, path = hadoop_path(spark, uri)
     if not fs.exists(path):
         return None
     stream = fs.open(path)
     try:
+        jvm: Any = spark.sparkContext._jvm
         data = jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
     finally:
         stream.close()
@@ -139,10 +142,8 @@ def write_text(spark: SparkSession, uri: str, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
         return
-    jvm: Any = spark.sparkContext._jvm
-    conf: Any = spark.sparkContext._jsc.hadoopConfiguration()
-    target = jvm.org.apache.hadoop.fs.Path(uri)
-    stream = target.getFileSystem(conf).create(target, True)
+    fs, target = hadoop_path(spark, uri)
+    stream = fs.create(target, True)
     try:
         stream.write(bytearray(text.encode()))
     finally:
@@ -190,10 +191,7 @@ def remove_children(spark: SparkSession, base: str, keep: str | None) -> None:
             if child.name != keep:
                 shutil.rmtree(child, ignore_errors=True)
         return
-    jvm: Any = spark.sparkContext._jvm
-    conf: Any = spark.sparkContext._jsc.hadoopConfiguration()
-    path = jvm.org.apache.hadoop.fs.Path(base)
-    fs = path.getFileSystem(conf)
+    fs, path = hadoop_path(spark, base)
     if fs.exists(path):
         for status in fs.listStatus(path):
             if status.getPath().getName() != keep:

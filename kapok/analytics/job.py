@@ -56,6 +56,7 @@ from kapok.analytics.files import (
     EVENTS_DDL,
     archive_files,
     file_bytes,
+    hadoop_path,
     is_local,
     read_local_table,
     write_text,
@@ -394,11 +395,8 @@ def _day_rows(spark: SparkSession, output: str, window: str) -> list[dict[str, A
 def _read_table(spark: SparkSession, uri: str, schema: pa.Schema) -> DataFrame | None:
     """A table written by an earlier run (None if there is none), its ``day`` a string; a
     column it lacks (written before the column existed) reads as null."""
-    jvm: Any = spark.sparkContext._jvm
-    conf: Any = spark.sparkContext._jsc.hadoopConfiguration()
-    path = jvm.org.apache.hadoop.fs.Path(uri)
-    fs = path.getFileSystem(conf)
-    if not fs.exists(path) or not fs.globStatus(jvm.org.apache.hadoop.fs.Path(uri + "/day=*")):
+    fs, path = hadoop_path(spark, uri)
+    if not fs.exists(path) or not fs.globStatus(hadoop_path(spark, uri + "/day=*")[1]):
         return None
     return spark.read.schema(_ddl(schema)).parquet(uri)
 
