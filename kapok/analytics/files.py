@@ -172,15 +172,20 @@ def write_events(spark: SparkSession, events: pa.Table, uri: str) -> None:
     frame.coalesce(1).write.mode("overwrite").parquet(uri)
 
 
-def read_local_table(uri: str, schema: pa.Schema) -> pa.Table | None:
+def read_local_table(
+    uri: str, schema: pa.Schema, columns: Sequence[str] | None = None, days: Sequence[str] | None = None
+) -> pa.Table | None:
     """A table the job wrote on a local disk (partitioned by ``day``, ``schema``'s last
-    column), read by this process (None if there is none); a column a file lacks (written
-    before the column existed) reads as null, as Spark reads it."""
+    column), read by this process (None if there is none): ``columns`` of it (all for
+    None), of ``days`` (all for None). A column a file lacks (written before the column
+    existed) reads as null, as Spark reads it."""
     root = Path(file_key(uri))
     if not root.is_dir():
         return None
-    days = ds.partitioning(pa.schema([schema.field("day")]), flavor="hive")
-    return ds.dataset(root, schema=schema, format="parquet", partitioning=days).to_table()
+    partitioning = ds.partitioning(pa.schema([schema.field("day")]), flavor="hive")
+    dataset = ds.dataset(root, schema=schema, format="parquet", partitioning=partitioning)
+    only = None if days is None else ds.field("day").isin(list(days))
+    return dataset.to_table(columns=None if columns is None else list(columns), filter=only)
 
 
 def remove_children(spark: SparkSession, base: str, keep: str | None) -> None:

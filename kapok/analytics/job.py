@@ -342,34 +342,26 @@ def _partial_days(
     (retention, or fewer inputs), so the recount would be partial.
     """
     days = sorted({str(row["day"]) for row in daily})
-    old_daily = _read_table(spark, _join(output, "daily"), _schema("daily", window))
+    windows_table = tf.table_names(window)[0]
+    column = tf.window_column(window)
+    counted = tf.COUNTED_EVENTS
+    old_daily = _read_table(spark, _join(output, "daily"), _schema("daily", window), ["day", *counted], days)
     old_hourly = _read_table(
-        spark, _join(output, tf.table_names(window)[0]), _schema(tf.table_names(window)[0], window)
+        spark, _join(output, windows_table), _schema(windows_table, window), ["day", column], days
     )
     if old_daily is None or old_hourly is None or not days:
         return []
-    column = tf.window_column(window)
-    counted = sum(
-        (F.coalesce(F.col(name), F.lit(0)) for name in tf.COUNTED_EVENTS[1:]),
-        F.coalesce(F.col(tf.COUNTED_EVENTS[0]), F.lit(0)),
-    )
-    old_totals = {
-        str(r["day"]): int(r["n"])
-        for r in old_daily.where(F.col("day").isin(days))
-        .groupBy("day")
-        .agg(F.sum(counted).alias("n"))
-        .collect()
-    }
-    old_firsts = {
-        str(r["day"]): r["first"]
-        for r in old_hourly.where(F.col("day").isin(days))
-        .groupBy("day")
-        .agg(F.min(F.unix_seconds(F.col(column))).alias("first"))
-        .collect()
-    }
+    old_totals: dict[str, int] = {}
+    for row in old_daily.to_pylist():
+        old_totals[row["day"]] = old_totals.get(row["day"], 0) + sum(row[name] or 0 for name in counted)
+    old_firsts: dict[str, int] = {}
+    for row in old_hourly.to_pylist():
+        if row[column] is not None:
+            first = int(row[column].timestamp())
+            old_firsts[row["day"]] = min(first, old_firsts.get(row["day"], first))
     new_totals: dict[str, int] = {}
     for row in daily:
-        new_totals[row["day"]] = new_totals.get(row["day"], 0) + sum(row[name] for name in tf.COUNTED_EVENTS)
+        new_totals[row["day"]] = new_totals.get(row["day"], 0) + sum(row[name] for name in counted)
     new_firsts: dict[str, int] = {}
     for row in hourly:
         new_firsts[row["day"]] = min(row["window_t"], new_firsts.get(row["day"], row["window_t"]))
@@ -383,22 +375,31 @@ def _partial_days(
 
 
 def _day_rows(spark: SparkSession, output: str, window: str) -> list[dict[str, Any]]:
-    """Every row of the ``daily`` table: on a local disk read by this process, else by Spark."""
-    uri, schema = _join(output, "daily"), _schema("daily", window)
+    """Every row of the ``daily`` table."""
+    history = _read_table(spark, _join(output, "daily"), _schema("daily", window))
+    return [] if history is None else history.to_pylist()
+
+
+def _read_table(
+    spark: SparkSession,
+    uri: str,
+    schema: pa.Schema,
+    columns: Sequence[str] | None = None,
+    days: Sequence[str] | None = None,
+) -> pa.Table | None:
+    """A table written by an earlier run (None if there is none), its ``day`` a string:
+    ``columns`` of it (all for None), of ``days`` (all for None); a column it lacks (written
+    before the column existed) reads as null. On a local disk this process reads it, else
+    Spark does."""
     if is_local(uri):
-        table = read_local_table(uri, schema)
-        return [] if table is None else table.to_pylist()
-    history = _read_table(spark, uri, schema)
-    return [] if history is None else [row.asDict() for row in history.collect()]
-
-
-def _read_table(spark: SparkSession, uri: str, schema: pa.Schema) -> DataFrame | None:
-    """A table written by an earlier run (None if there is none), its ``day`` a string; a
-    column it lacks (written before the column existed) reads as null."""
+        return read_local_table(uri, schema, columns, days)
     fs, path = hadoop_path(spark, uri)
     if not fs.exists(path) or not fs.globStatus(hadoop_path(spark, uri + "/day=*")[1]):
         return None
-    return spark.read.schema(_ddl(schema)).parquet(uri)
+    frame = spark.read.schema(_ddl(schema)).parquet(uri)
+    if days is not None:
+        frame = frame.where(F.col("day").isin(list(days)))
+    return (frame if columns is None else frame.select(*columns)).toArrow()
 
 
 _TIMESTAMP: Final = pa.timestamp("us", tz="UTC")
