@@ -1,10 +1,9 @@
 """Every private name of aiohttp the node uses, in one place, checked when the node starts.
 
-The server leans on aiohttp 3.x internals in a few spots: to fail unmasked client frames
-(RFC 6455 §5.1), to accept connections through the connection guard, and for speed (the
-KapokMQ frame reader, bursts read from aiohttp's queue, aiohttp's compiled unmasking) and
-memory (a heartbeat timer that outlives its socket, a chunked body read by the guard).
-Private names change without notice
+The server leans on aiohttp 3.x internals in a few spots: to take a WebSocket's connection
+over once aiohttp has answered its upgrade (the node reads and writes frames itself), to
+accept connections through the connection guard, for speed (aiohttp's compiled unmasking)
+and for memory (a chunked body read by the guard). Private names change without notice
 between minor releases, and every use here falls back quietly when a name is gone, so a
 new aiohttp could drop a safety check without anyone noticing. Hence:
 
@@ -22,16 +21,15 @@ checked against the installed aiohttp by tests/integration/test_aiohttp_seam.py.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, Final
 
 import aiohttp
-from aiohttp import WSMessage, web, web_ws
+from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.web_protocol import RequestHandler
 
@@ -41,26 +39,20 @@ __all__ = [
     "HOOKS",
     "Hook",
     "ListeningSite",
-    "ParserSwapResponse",
+    "TakeoverResponse",
     "can_keep_body",
-    "cancel_heartbeat",
     "check_hooks",
     "compiled_unmask",
     "hook_lost",
     "keep_body",
     "missing_hooks",
-    "queued_frames",
     "send_100_continue",
-    "wrap_frame_parser",
 ]
 
 log = logging.getLogger("kapok.server")
 
-MASKING: Final = "rfc6455_masking"
+TAKEOVER: Final = "websocket_takeover"
 LISTENING_SITE: Final = "listening_site"
-FAST_READER: Final = "fast_reader"
-QUEUED_BURSTS: Final = "queued_bursts"
-HEARTBEAT_DISARM: Final = "heartbeat_disarm"
 COMPILED_UNMASK: Final = "compiled_unmask"
 CONTINUE_SIZE: Final = "continue_output_size"
 KEPT_BODY: Final = "kept_body"
@@ -69,83 +61,33 @@ KEPT_BODY: Final = "kept_body"
 # ---------------------------------------------------------------- the hooks themselves
 
 
-def wrap_frame_parser(
-    request: web.BaseRequest, ws: web.WebSocketResponse, wrap: Callable[[Any, Any], Any]
-) -> bool:
-    """Put ``wrap(parser, queue)`` in front of the frame reader of ``ws``'s connection (after
-    ``prepare``); False when this aiohttp does not let us.
+class TakeoverResponse(web.WebSocketResponse):
+    """aiohttp's WebSocket response for the opening handshake only: it checks the upgrade
+    request and writes the 101, and the connection is then the node's (``take_over``);
+    aiohttp neither reads its frames nor writes a closing one when the route returns.
 
-    Relies on ``RequestHandler._payload_parser`` (what the protocol feeds every byte read
-    after the upgrade, through ``feed_data``/``feed_eof``) and ``WebSocketResponse._reader``
-    (the queue ``receive`` reads; its ``set_exception`` fails the socket with a close code).
-    """
-    protocol = request.protocol
-    parser = getattr(protocol, "_payload_parser", None)
-    queue = getattr(ws, "_reader", None)
-    if parser is None or queue is None or not hasattr(parser, "feed_data"):
-        return False
-    protocol._payload_parser = wrap(parser, queue)
-    return True
-
-
-class ParserSwapResponse(web.WebSocketResponse):
-    """aiohttp's WebSocket response whose frame reader a subclass may replace (``replacement_parser``)
-    as soon as the upgrade is done, provided no byte came with the upgrade.
-
-    Relies on ``WebSocketResponse._post_start`` (run by ``prepare`` once the 101 is written;
-    it makes the queue ``_reader`` and the parser ``_parser`` and hands the parser to the
-    protocol's ``set_parser``), ``_max_msg_size``, the protocol's ``_message_tail`` (bytes
-    read past the upgrade request, fed to aiohttp's parser already) and ``_payload_parser``
-    (replaced), and the queue's ``_buffer`` (a deque of parsed messages not yet read).
-    When any is missing the response stays aiohttp's own.
+    Relies on ``WebSocketResponse._post_start`` (run by ``prepare`` once the 101 is written,
+    to install aiohttp's frame reader: skipped here) and on the protocol's ``_message_tail``
+    (the bytes read past the upgrade request; with no frame reader installed, also those
+    that arrive until the transport is taken over).
     """
 
     def _post_start(self, request: Any, protocol: Any, writer: Any) -> None:
-        handler = request.protocol
-        tail = getattr(handler, "_message_tail", None)
-        super()._post_start(request, protocol, writer)
-        queue = getattr(self, "_reader", None)
-        ours = getattr(self, "_parser", None)
-        # Bytes that came with the upgrade (a client that did not wait for it) were fed
-        # to aiohttp's reader already: it keeps the connection then.
-        if tail != b"" or queue is None or getattr(handler, "_payload_parser", None) is not ours:
-            return
-        parsed = getattr(queue, "_buffer", None)
-        if parsed is None or not hasattr(queue, "feed_data"):
-            return
-        reader = self.replacement_parser(handler, queue, parsed, int(getattr(self, "_max_msg_size", 0)))
-        if reader is not None:
-            handler._payload_parser = reader
+        return None  # no reader, no heartbeat: the node's own socket does both
 
-    def replacement_parser(
-        self, protocol: Any, queue: Any, parsed: collections.deque[Any], max_size: int
-    ) -> Any:
-        """The reader to feed this connection's bytes to instead of aiohttp's (None: keep
-        aiohttp's). ``queue`` is what ``receive`` reads, ``parsed`` its unread messages."""
+    def take_over(self, request: web.BaseRequest) -> tuple[asyncio.Transport, bytes]:
+        """The connection's transport and the bytes the client sent after its upgrade
+        request, which nothing has read yet (call right after ``prepare``)."""
+        transport = request.transport
+        if transport is None:  # the peer left during the upgrade
+            raise ConnectionResetError("the connection closed during the WebSocket upgrade")
+        handler: Any = request.protocol
+        tail: bytes = handler._message_tail
+        handler._message_tail = b""
+        return transport, tail
+
+    async def write_eof(self) -> None:  # type: ignore[override]  # aiohttp's would close the socket again
         return None
-
-
-def queued_frames(
-    ws: web.WebSocketResponse,
-) -> tuple[Callable[[], Awaitable[WSMessage]], collections.deque[Any]] | None:
-    """(the queue's ``read``, its parsed and unread messages as ``(message, size)`` pairs) of a
-    prepared ``ws``; None when this aiohttp keeps them elsewhere.
-
-    Relies on ``WebSocketResponse._reader`` and its ``_buffer`` deque, which ``read``
-    pops from at once when it is not empty (the deque object lives as long as the queue).
-    """
-    queue: Any = getattr(ws, "_reader", None)
-    parsed = getattr(queue, "_buffer", None)
-    if parsed is None or not hasattr(queue, "read"):
-        return None
-    return queue.read, parsed
-
-
-def cancel_heartbeat(ws: web.WebSocketResponse) -> None:
-    """Cancel ``ws``'s heartbeat timers, if this aiohttp has ``_cancel_heartbeat``."""
-    cancel = getattr(ws, "_cancel_heartbeat", None)
-    if cancel is not None:
-        cancel()
 
 
 def compiled_unmask() -> Callable[[bytes, bytearray], None] | None:
@@ -230,65 +172,19 @@ def _missing_attrs(owner: object, *names: str) -> str | None:
     return f"{getattr(owner, '__name__', owner)} has no {', '.join(gone)}" if gone else None
 
 
-def _queue_class() -> Any:
-    """The class of ``WebSocketResponse._reader`` (the queue ``_post_start`` makes)."""
-    return getattr(web_ws, "WebSocketDataQueue", None)
-
-
-def _queue() -> Any:
-    """An aiohttp WebSocket queue, as ``_post_start`` makes one (its Python variant sets
-    its attributes in ``__init__``, its compiled one on the class)."""
-    return _queue_class()(None, 16, loop=None)
-
-
-def _probe_masking() -> str | None:
-    problem = _missing_attrs(RequestHandler, "_payload_parser") or _missing_attrs(
-        web.WebSocketResponse, "_reader"
-    )
-    if problem:
-        return problem
-    reader = getattr(web_ws, "WebSocketReader", None)
-    if reader is None or not hasattr(reader, "feed_data") or not hasattr(reader, "feed_eof"):
-        return "aiohttp.web_ws.WebSocketReader has no feed_data/feed_eof"
-    return _missing_attrs(_queue_class(), "set_exception")
+def _probe_takeover() -> str | None:
+    post_start = getattr(web.WebSocketResponse, "_post_start", None)
+    if post_start is None:
+        return "WebSocketResponse has no _post_start"
+    if list(inspect.signature(post_start).parameters) != ["self", "request", "protocol", "writer"]:
+        return f"WebSocketResponse._post_start{inspect.signature(post_start)} takes other arguments"
+    return _missing_attrs(RequestHandler, "_message_tail")
 
 
 def _probe_site() -> str | None:
     return _missing_attrs(web.BaseSite, "_runner", "_ssl_context", "_backlog", "_server") or _missing_attrs(
         web.SockSite, "_sock"
     )
-
-
-def _probe_fast_reader() -> str | None:
-    post_start = getattr(web.WebSocketResponse, "_post_start", None)
-    if post_start is None:
-        return "WebSocketResponse has no _post_start"
-    if list(inspect.signature(post_start).parameters) != ["self", "request", "protocol", "writer"]:
-        return f"WebSocketResponse._post_start{inspect.signature(post_start)} takes other arguments"
-    return (
-        _missing_attrs(RequestHandler, "_payload_parser", "_message_tail")
-        or _missing_attrs(web.WebSocketResponse, "_reader", "_parser")
-        or _missing_attrs(web.WebSocketResponse(), "_max_msg_size")
-        or _probe_queue()
-    )
-
-
-def _probe_queue() -> str | None:
-    queue = _queue()
-    problem = _missing_attrs(queue, "feed_data", "read", "is_eof", "set_exception", "feed_eof")
-    if problem is None and not isinstance(getattr(queue, "_buffer", None), collections.deque):
-        problem = "WebSocketDataQueue has no _buffer deque"
-    return problem
-
-
-def _probe_bursts() -> str | None:
-    return _missing_attrs(web.WebSocketResponse, "_reader") or _probe_queue()
-
-
-def _probe_heartbeat() -> str | None:
-    if callable(getattr(web.WebSocketResponse, "_cancel_heartbeat", None)):
-        return None
-    return "WebSocketResponse has no _cancel_heartbeat"
 
 
 def _probe_unmask() -> str | None:
@@ -304,11 +200,8 @@ def _probe_continue() -> str | None:
 
 
 HOOKS: Final[tuple[Hook, ...]] = (
-    Hook(MASKING, True, "unmasked client frames (RFC 6455 5.1) would go unrefused", _probe_masking),
+    Hook(TAKEOVER, True, "WebSocket connections could not be read by the node's own reader", _probe_takeover),
     Hook(LISTENING_SITE, True, "connections could not go through the connection guard", _probe_site),
-    Hook(FAST_READER, False, "KapokMQ sockets are read by aiohttp's slower reader", _probe_fast_reader),
-    Hook(QUEUED_BURSTS, False, "every WebSocket message costs one receive()", _probe_bursts),
-    Hook(HEARTBEAT_DISARM, False, "closed sockets are held until their heartbeat fires", _probe_heartbeat),
     Hook(COMPILED_UNMASK, False, "client frames are unmasked in Python", _probe_unmask),
     Hook(CONTINUE_SIZE, False, "a 100 Continue counts toward the response's size", _probe_continue),
     Hook(KEPT_BODY, False, "a chunked body over the limit costs about twice the limit", _probe_kept_body),

@@ -11,6 +11,7 @@ from kapok.cluster.node import GossipNode
 from kapok.config import Config
 from kapok.replication.node import ReplicationNode
 from kapok.server.guard.clients import Clients
+from kapok.server.ws.socket import ServerSocket
 from kapok.service import BrokerService
 
 __all__ = ["CLIENTS", "CONFIG", "CONNECTIONS", "GOSSIP", "REGISTRY", "REPLICATION", "SERVICE"]
@@ -22,7 +23,7 @@ CLIENTS: Final = web.AppKey("clients", Clients)  # client connections, auth stat
 
 # Open WebSocket handlers, so that shutdown can close them and the
 # max_connections limit can be enforced.
-class OpenSockets(set[web.WebSocketResponse]):
+class OpenSockets(set[ServerSocket]):
     """The node's open WebSockets."""
 
 

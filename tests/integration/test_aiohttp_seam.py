@@ -24,10 +24,8 @@ from kapok.config import load_config
 from kapok.errors import ConfigError
 from kapok.node.app import make_app
 from kapok.server import aiohttp_seam
-from kapok.server.aiohttp_seam import COMPILED_UNMASK, HEARTBEAT_DISARM, HOOKS, MASKING, check_hooks
+from kapok.server.aiohttp_seam import COMPILED_UNMASK, HOOKS, KEPT_BODY, TAKEOVER, check_hooks
 from kapok.server.keys import REGISTRY
-from kapok.server.ws import base as wsbase
-from kapok.testing.slow import scaled
 
 
 @pytest.fixture(autouse=True)
@@ -46,25 +44,26 @@ def test_every_hook_is_there_on_the_installed_aiohttp(caplog: pytest.LogCaptureF
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
-def test_the_masking_check_is_a_correctness_hook(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert next(h for h in HOOKS if h.name == MASKING).required
-    monkeypatch.delattr(web.WebSocketResponse, "_reader")
+def test_the_takeover_is_a_correctness_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without it no WebSocket could be read: the node has no other frame reader."""
+    assert next(h for h in HOOKS if h.name == TAKEOVER).required
+    monkeypatch.delattr(RequestHandler, "_message_tail")
     with pytest.raises(ConfigError) as caught:
         check_hooks()
     message = caught.value.message
     assert "\n" not in message
-    assert MASKING in message and f"aiohttp {aiohttp.__version__}" in message
-    assert "RFC 6455" in message
+    assert TAKEOVER in message and f"aiohttp {aiohttp.__version__}" in message
+    assert "_message_tail" in message and "WebSocket" in message
 
 
-async def test_a_node_refuses_to_start_without_the_masking_hook(
+async def test_a_node_refuses_to_start_without_the_takeover_hook(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     config = load_config(None, overrides=[f"storage.dir={tmp_path}"], env={})
     runner = web.AppRunner(make_app(config))
-    monkeypatch.delattr(RequestHandler, "_payload_parser")
+    monkeypatch.delattr(RequestHandler, "_message_tail")
     try:
-        with pytest.raises(ConfigError, match=MASKING):
+        with pytest.raises(ConfigError, match=TAKEOVER):
             await runner.setup()  # the guard's context comes first: nothing else started
     finally:
         monkeypatch.undo()
@@ -74,7 +73,7 @@ async def test_a_node_refuses_to_start_without_the_masking_hook(
 def test_kapok_serve_exits_with_one_line_naming_the_hook(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.delattr(web.WebSocketResponse, "_reader")
+    monkeypatch.delattr(RequestHandler, "_message_tail")
     # `serve` sets up logging for the process (a handler on stderr): give it back afterwards,
     # or every later test's captured stderr holds log lines.
     root = logging.getLogger()
@@ -86,22 +85,22 @@ def test_kapok_serve_exits_with_one_line_naming_the_hook(
     assert code != 0
     assert "listening" not in out
     assert err.endswith("\n") and err.count("\n") == 1, err  # nothing logged before: storage not opened
-    assert err.startswith("kapok: error: ") and MASKING in err and aiohttp.__version__ in err, err
+    assert err.startswith("kapok: error: ") and TAKEOVER in err and aiohttp.__version__ in err, err
 
 
 def test_a_missing_optimisation_hook_warns_once_and_counts(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.delattr(web.WebSocketResponse, "_cancel_heartbeat")
+    monkeypatch.delattr(web.BaseRequest, "_read_bytes")
     monkeypatch.delattr(aiohttp._websocket.helpers, "websocket_mask")
     caplog.set_level(logging.WARNING, logger="kapok.server")
-    assert check_hooks() == {HEARTBEAT_DISARM, COMPILED_UNMASK}
-    assert check_hooks() == {HEARTBEAT_DISARM, COMPILED_UNMASK}  # the node may check again
+    assert check_hooks() == {KEPT_BODY, COMPILED_UNMASK}
+    assert check_hooks() == {KEPT_BODY, COMPILED_UNMASK}  # the node may check again
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2, warnings  # once per hook, not per check
     assert all(aiohttp.__version__ in w for w in warnings)
-    assert any(HEARTBEAT_DISARM in w for w in warnings) and any(COMPILED_UNMASK in w for w in warnings)
-    assert aiohttp_seam.missing_hooks() == {HEARTBEAT_DISARM, COMPILED_UNMASK}
+    assert any(KEPT_BODY in w for w in warnings) and any(COMPILED_UNMASK in w for w in warnings)
+    assert aiohttp_seam.missing_hooks() == {KEPT_BODY, COMPILED_UNMASK}
     assert aiohttp_seam.compiled_unmask() is None
 
 
@@ -112,26 +111,9 @@ async def test_the_gauge_shows_missing_optimisation_hooks(node: Any, monkeypatch
         value: float | None = registry.get_sample_value("kapok_aiohttp_hooks_missing", {"hook": hook})
         return value
 
-    assert gauge(HEARTBEAT_DISARM) == 0
-    assert gauge(MASKING) is None  # a correctness hook is never missing on a running node
-    monkeypatch.delattr(web.WebSocketResponse, "_cancel_heartbeat")
+    assert gauge(KEPT_BODY) == 0
+    assert gauge(TAKEOVER) is None  # a correctness hook is never missing on a running node
+    monkeypatch.delattr(web.BaseRequest, "_read_bytes")
     check_hooks()
-    assert gauge(HEARTBEAT_DISARM) == 1
+    assert gauge(KEPT_BODY) == 1
     assert gauge(COMPILED_UNMASK) == 0
-
-
-async def test_a_socket_without_the_masking_check_is_failed_not_served(
-    node: Any, monkeypatch: pytest.MonkeyPatch, auth: dict[str, str], caplog: pytest.LogCaptureFixture
-) -> None:
-    """Unreachable once the start-up check passed, but never a silent skip: 1011, no frame read."""
-    monkeypatch.setattr(wsbase, "require_masked_frames", lambda request, ws: False)
-    async with (
-        aiohttp.ClientSession() as session,
-        session.ws_connect(f"{node.ws_url}/v1/ws", headers=auth) as ws,
-    ):
-        await ws.send_str('{"op": "ping", "id": 1}')
-        msg = await ws.receive(timeout=scaled(5))
-        assert msg.type is aiohttp.WSMsgType.CLOSE, msg
-        assert msg.data == aiohttp.WSCloseCode.INTERNAL_ERROR
-    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
-    assert len(errors) == 1 and MASKING in errors[0], errors

@@ -1,10 +1,9 @@
-"""KapokMQ sockets read by ``wsfast`` (text frames straight to the route), over raw TCP.
+"""KapokMQ sockets read by the node's own ``ServerSocket`` (frames straight to the route),
+over raw TCP.
 
 The frames are written byte for byte here, so every RFC 6455 rule is exercised on the
 wire: masking, fragmentation with control frames between fragments, ping/pong, the
-closing handshake and each close code a violation gets. That the fast reader is in use
-at all is checked first: it leans on aiohttp internals, and should they change the
-routes would silently fall back to aiohttp's own reader.
+closing handshake and each close code a violation gets.
 """
 
 from __future__ import annotations
@@ -19,10 +18,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from kapok.server.aiohttp_seam import TakeoverResponse
+from kapok.server.keys import CONNECTIONS
 from kapok.server.routes import compat
 from kapok.server.ws.base import frame_limit
-from kapok.server.ws.fast import FastResponse, FastTexts
 from kapok.server.ws.frames import BINARY, CLOSE, PING, PONG, TEXT, close_payload
+from kapok.server.ws.socket import ServerSocket
 from kapok.testing import eventually
 from kapok.testing.slow import scaled
 from kapok.testing.wsraw import client_frame as frame
@@ -91,23 +92,12 @@ async def stored(session: aiohttp.ClientSession, node: Any) -> int:
         return int((await resp.json(content_type=None))["data"]["all"])
 
 
-async def test_fast_reader_is_installed_on_kapokmq_sockets(node: Any) -> None:
-    """aiohttp's internals are still what ``FastResponse`` expects (else it stays unused)."""
-    seen: list[FastResponse] = []
-    original = FastResponse._post_start
-
-    def spy(self: FastResponse, *args: Any) -> None:
-        original(self, *args)
-        seen.append(self)
-
-    FastResponse._post_start = spy  # type: ignore[method-assign, assignment]  # a spy for the method
-    try:
-        async with raw(node, "/Producers/Conn/jobs/p1") as client:
-            client.send(frame(TEXT, GOOD))
-            assert await client.frame() == (TEXT, b"ok")
-    finally:
-        FastResponse._post_start = original  # type: ignore[method-assign]
-    assert len(seen) == 1 and seen[0].fast is not None and seen[0].fast.direct
+async def test_kapokmq_sockets_are_the_node_s_own(node: Any) -> None:
+    async with raw(node, "/Producers/Conn/jobs/p1") as client:
+        client.send(frame(TEXT, GOOD))
+        assert await client.frame() == (TEXT, b"ok")
+        (sock,) = node.app[CONNECTIONS]
+        assert isinstance(sock, ServerSocket) and sock.transport.get_protocol() is sock
 
 
 async def test_burst_with_fragments_pings_and_binary_is_answered_in_order(
@@ -196,9 +186,9 @@ async def test_message_over_the_limit_closes_with_1009(make_node: Any) -> None:
         await client.closed_with(1009)
 
 
-async def test_frames_sent_with_the_upgrade_are_read_by_aiohttp_as_before(node: Any) -> None:
-    """A client that sends before the upgrade's answer: aiohttp keeps the socket (its
-    reader got those bytes), and the route works the same."""
+async def test_frames_sent_with_the_upgrade_are_read_too(node: Any) -> None:
+    """A client that sends before the upgrade's answer: the bytes aiohttp read past the
+    request go to the node's socket first, and the route works the same."""
     host, port = node.url.removeprefix("http://").rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
@@ -217,7 +207,7 @@ async def test_frames_sent_with_the_upgrade_are_read_by_aiohttp_as_before(node: 
 async def test_handler_error_fails_only_that_connection(node: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A bug in the code a frame reaches closes that socket with 1011; the node goes on."""
 
-    def broken(self: Any, texts: list[str]) -> None:
+    def broken(self: Any, frames: list[str | bytes]) -> None:
         raise RuntimeError("bug")
 
     monkeypatch.setattr(compat._Publisher, "feed", broken)
@@ -230,8 +220,8 @@ async def test_handler_error_fails_only_that_connection(node: Any, monkeypatch: 
         assert await client.frame() == (TEXT, b"ok")
 
 
-def test_fast_response_is_an_aiohttp_response() -> None:
-    assert issubclass(FastResponse, web.WebSocketResponse)
+def test_the_upgrade_is_aiohttp_s_response() -> None:
+    assert issubclass(TakeoverResponse, web.WebSocketResponse)
 
 
 async def test_reading_pauses_while_replies_wait_and_resumes(
@@ -241,13 +231,13 @@ async def test_reading_pauses_while_replies_wait_and_resumes(
     is not read meanwhile (``pause_reading``), and reading resumes; nothing is lost or
     reordered."""
     holds: list[int] = []
-    original = FastTexts._hold
+    original = ServerSocket._hold
 
-    def spy(self: FastTexts) -> None:
+    def spy(self: ServerSocket) -> None:
         holds.append(1)
         original(self)
 
-    monkeypatch.setattr(FastTexts, "_hold", spy)
+    monkeypatch.setattr(ServerSocket, "_hold", spy)
     node = await make_node("server.send_queue_max_bytes=16")
     n = 3000
     async with raw(node, "/Producers/Conn/jobs/p1") as client:

@@ -21,6 +21,7 @@ from kapok.server.guard.connections import closing, set_state, trust
 from kapok.server.guard.conntable import ConnState
 from kapok.server.guard.throttle import Accept, Blocked, Reject, Verdict
 from kapok.server.keys import CLIENTS, SERVICE
+from kapok.server.ws.socket import ServerSocket
 
 __all__ = [
     "bearer_token",
@@ -79,12 +80,12 @@ async def check_key(request: web.Request, given: str | None) -> bool:
     return True
 
 
-async def _refuse(ws: web.WebSocketResponse, reason: str) -> bool:
+async def _refuse(ws: ServerSocket, reason: str) -> bool:
     await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=reason.encode()[:120])
     return False
 
 
-async def compat_handshake(ws: web.WebSocketResponse, request: web.Request) -> bool:
+async def compat_handshake(ws: ServerSocket, request: web.Request) -> bool:
     """Run KapokMQ's in-band key exchange; unlike KapokMQ, with a limit on tries and time,
     and the node's per-address back-off."""
     service = request.app[SERVICE]

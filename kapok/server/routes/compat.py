@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from aiohttp import WSMsgType, web
+from aiohttp import web
 
 from kapok.core.broker import Draft
 from kapok.core.model import Consumer, Entry
@@ -27,7 +26,7 @@ from kapok.server.guard.auth import check_key, compat_handshake
 from kapok.server.guard.clients import ClientInfo, Clients
 from kapok.server.keys import CLIENTS, SERVICE
 from kapok.server.routes.responses import json_response, read_form
-from kapok.server.ws.base import messages, open_ws
+from kapok.server.ws.base import open_ws
 from kapok.server.ws.outbox import Outbox
 from kapok.service import BrokerService
 
@@ -39,41 +38,32 @@ log = logging.getLogger("kapok.server")
 routes = web.RouteTableDef()
 
 OK = OK_TEXT.encode()
+_TEXT_ONLY = "frames must be text: a JSON object with MessageData and DelayTime"
 
 
 def _client_ip(request: web.Request) -> str:
     return request.remote or ""
 
 
-class _TurnBatch(Generic[T]):
-    """Collects what a socket delivered in one event-loop turn and handles it as one batch.
+class _Batch(Generic[T]):
+    """Collects what a socket read delivered and handles it as one batch.
 
     KapokMQ clients send one frame per message (and per ack); a frame at a time the
     broker, the WAL and the reply path would each pay their fixed cost per message.
-    Frames that arrive together are parsed without yielding to the loop, so ``add``
-    only collects them and a ``call_soon`` flushes them once the reader is about to
-    block (or at once when ``limit`` items are waiting).
+    The socket hands over every frame of one read at once (``ServerSocket.deliver``):
+    ``collect`` gathers them, at most ``limit`` to a batch, and the caller ``flush``es.
     """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.items: list[T] = []
-        self._scheduled = False
-
-    def add(self, item: T) -> None:
-        self.collect(item)
-        if self.items and not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
 
     def collect(self, item: T) -> None:
-        """``add`` for a caller that flushes on this turn itself (no ``call_soon``)."""
         self.items.append(item)
         if len(self.items) >= self.limit:
             self.flush()
 
     def flush(self) -> None:
-        self._scheduled = False
         items, self.items = self.items, []
         if items:
             self.handle(items)
@@ -82,7 +72,7 @@ class _TurnBatch(Generic[T]):
         raise NotImplementedError
 
 
-class _Publisher(_TurnBatch[Draft]):
+class _Publisher(_Batch[Draft]):
     """Publishes a producer's frames of one loop turn together. Each frame still gets its
     own reply, in order: a batch the broker refuses (it refuses whole batches: a limit, a
     rate) is retried frame by frame, which gives every frame the answer it would have had
@@ -110,21 +100,16 @@ class _Publisher(_TurnBatch[Draft]):
         self.clients.count_bad_input(kind)
         self.outbox.send(encode_error(message))
 
-    def draft(self, text: str) -> Draft | None:
-        """The draft of one text frame; None once a bad frame's error is answered."""
-        try:
-            return decode_produce(text, self.topic, self.producer_id)
-        except KapokError as exc:
-            self.error("compat_producer_frame", exc.message)
-            return None
-
-    def feed(self, texts: list[str]) -> None:
-        """The text frames of one socket read (``FastTexts``), published at once."""
-        self.flush()  # frames collected before, by the slow path, go first
-        for text in texts:
-            draft = self.draft(text)
-            if draft is not None:
-                self.collect(draft)
+    def feed(self, frames: list[str | bytes]) -> None:
+        """The frames of one socket read, published at once."""
+        for frame in frames:
+            if not isinstance(frame, str):
+                self.error("compat_binary_frame", _TEXT_ONLY)
+                continue
+            try:
+                self.collect(decode_produce(frame, self.topic, self.producer_id))
+            except KapokError as exc:
+                self.error("compat_producer_frame", exc.message)
         self.flush()
         # All of this read is published: written now if cheap (fsync never or interval),
         # its oks go out on this turn, not two turns later (the round trip's loop turns).
@@ -156,62 +141,24 @@ def _refusal(exc: KapokError) -> bytes:
     return encode_error(exc.message)
 
 
-def _direct(
-    ws: web.WebSocketResponse, outbox: Outbox, handler: Callable[[list[str]], None]
-) -> Callable[[], None]:
-    """What the read loop calls after each message it handled (and once before): text
-    frames go straight to ``handler`` again once nothing waits in aiohttp's queue
-    (``kapok.server.ws.fast``); a no-op on a socket aiohttp reads itself."""
-    fast = getattr(ws, "fast", None)
-    if fast is None:
-        return lambda: None
-
-    def direct() -> None:
-        if not fast.direct:
-            fast.go_direct(handler, lambda: outbox.full, outbox.wait_writable)
-
-    return direct
-
-
-def _stop(ws: web.WebSocketResponse) -> None:
-    fast = getattr(ws, "fast", None)
-    if fast is not None:
-        fast.stop()
-
-
 @routes.get("/Producers/Conn/{topic}/{producer_id}")
 async def producer_ws(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     topic = request.match_info["topic"]
     producer_id = client_label(request.match_info["producer_id"], "producer id")
-    async with open_ws(request, text=True, handshake=True, fast=True) as (ws, outbox):
+    async with open_ws(request, handshake=True) as (ws, outbox):
         if not await compat_handshake(ws, request):
-            return ws
+            return ws.response
         info = ClientInfo(producer_id, _client_ip(request), service.now(), "kapokmq", published={topic})
         clients = request.app[CLIENTS]
         client = clients.add(info)
         publisher = _Publisher(service, clients, outbox, service.config.server.max_batch, topic, producer_id)
-        direct = _direct(ws, outbox, publisher.feed)
         try:
-            direct()
-            async for msg in messages(ws):
-                if outbox.full:
-                    await outbox.wait_writable()
-                if msg.type is not WSMsgType.TEXT:
-                    publisher.error(
-                        "compat_binary_frame",
-                        "frames must be text: a JSON object with MessageData and DelayTime",
-                    )
-                else:
-                    draft = publisher.draft(msg.data)
-                    if draft is not None:
-                        publisher.add(draft)
-                direct()
+            ws.deliver(publisher.feed, lambda: outbox.full, outbox.wait_writable)
+            await ws.wait_closed()
         finally:
-            _stop(ws)
-            publisher.flush()
             clients.remove(client)
-    return ws
+    return ws.response
 
 
 class _CompatConsumer:
@@ -231,9 +178,9 @@ async def consumer_ws(request: web.Request) -> web.StreamResponse:
     # KapokMQ clients name every consumer connection (the path's consumerId): it is the
     # consumer's name in the console and in the archive's deliveries, as the client gave it.
     consumer_id = client_label(request.match_info["consumer_id"], "consumer id")
-    async with open_ws(request, text=True, handshake=True, fast=True) as (ws, outbox):
+    async with open_ws(request, handshake=True) as (ws, outbox):
         if not await compat_handshake(ws, request):
-            return ws
+            return ws.response
         try:
             sink = _CompatConsumer(outbox)
             consumer = service.subscribe(sink, topic, name=consumer_id, room=outbox.free_bytes)
@@ -241,7 +188,7 @@ async def consumer_ws(request: web.Request) -> web.StreamResponse:
             # Written directly: the outbox is torn down with the socket below.
             await ws.send_str(encode_error(exc.message).decode())
             await ws.close()
-            return ws
+            return ws.response
         cid = consumer.id
         outbox.on_room = lambda room: service.set_room(cid, room) if consumer.room <= 0 else None
         ip = _client_ip(request)
@@ -249,24 +196,16 @@ async def consumer_ws(request: web.Request) -> web.StreamResponse:
         clients = request.app[CLIENTS]
         client = clients.add(info)
         acker = _Acker(service, clients, consumer.id, service.config.server.max_batch)
-        direct = _direct(ws, outbox, acker.feed)
         try:
-            direct()
-            async for msg in messages(ws):
-                if msg.type is WSMsgType.TEXT:
-                    acker.add(msg.data.strip())
-                else:
-                    acker.bad("compat_binary_frame")
-                direct()
+            ws.deliver(acker.feed, lambda: outbox.full, outbox.wait_writable)
+            await ws.wait_closed()
         finally:
-            _stop(ws)
-            acker.flush()  # what the consumer acked before leaving is not requeued
             clients.remove(client)
-            service.unsubscribe(consumer.id)
-    return ws
+            service.unsubscribe(consumer.id)  # what it acked before leaving is not requeued
+    return ws.response
 
 
-class _Acker(_TurnBatch[str]):
+class _Acker(_Batch[str]):
     """Acks a consumer's codes of one loop turn with one broker call (one dispatch, one WAL
     append). KapokMQ clients expect no reply to an ack, so an unknown code is only counted
     and logged (once per connection)."""
@@ -278,10 +217,14 @@ class _Acker(_TurnBatch[str]):
         self.consumer_id = consumer_id
         self._warned = False
 
-    def feed(self, texts: list[str]) -> None:
-        """The text frames of one socket read (``FastTexts``), acked at once."""
-        self.flush()  # acks collected before, by the slow path, go first
-        self.handle([text.strip() for text in texts])
+    def feed(self, frames: list[str | bytes]) -> None:
+        """The frames of one socket read, acked at once."""
+        for frame in frames:
+            if isinstance(frame, str):
+                self.collect(frame.strip())
+            else:
+                self.bad("compat_binary_frame")
+        self.flush()
 
     def handle(self, codes: list[str]) -> None:
         for _ in self.service.ack(self.consumer_id, codes):

@@ -24,6 +24,7 @@ from kapok.replication.protocol import Role
 from kapok.server.guard.auth import bearer_token, check_key
 from kapok.server.keys import REGISTRY, REPLICATION
 from kapok.server.routes.responses import json_response
+from kapok.server.ws.base import accept
 
 __all__ = ["pair_state", "replication_ctx", "routes"]
 
@@ -40,8 +41,7 @@ async def sync_link(request: web.Request) -> web.StreamResponse:
     leader = node.leader
     if leader is None:
         raise NotActiveError(f"{node.name} is not the active master of its pair; no slave may follow it")
-    ws = web.WebSocketResponse(heartbeat=None, max_msg_size=MAX_SLAVE_FRAME, compress=False)
-    await ws.prepare(request)
+    ws = await accept(request, max_size=MAX_SLAVE_FRAME, heartbeat_s=None)  # the link pings itself
     try:
         await leader.serve(node.link_factory(ws))
     except KapokError as exc:
@@ -51,7 +51,7 @@ async def sync_link(request: web.Request) -> web.StreamResponse:
     finally:
         if not ws.closed:
             await ws.close(code=WSCloseCode.GOING_AWAY)
-    return ws
+    return ws.response
 
 
 def pair_state(node: ReplicationNode) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import web
 
 from kapok.core.model import Consumer, Entry
 from kapok.errors import (
@@ -37,7 +37,7 @@ from kapok.protocol.native import (
 )
 from kapok.server.guard.clients import ClientInfo, Clients
 from kapok.server.keys import CLIENTS, SERVICE
-from kapok.server.ws.base import messages, open_ws
+from kapok.server.ws.base import open_ws
 from kapok.server.ws.outbox import Outbox
 from kapok.service import BrokerService
 
@@ -78,6 +78,11 @@ class NativeConnection:
             "pong": self.on_pong,
         }
         assert tuple(self._ops) == CLIENT_OPS
+
+    def feed(self, frames: list[str | bytes]) -> None:
+        """The frames of one socket read, each handled in turn."""
+        for raw in frames:
+            self.handle(raw)
 
     def handle(self, raw: str | bytes) -> None:
         rid: Any = None
@@ -235,7 +240,7 @@ class NativeConnection:
         self.outbox.send(encode_pong(rid))
 
     def on_pong(self, frame: dict[str, Any], rid: Any) -> None:
-        return None  # any frame proves liveness; aiohttp's heartbeat does the rest
+        return None  # any frame proves liveness; the socket's heartbeat does the rest
 
     def close(self) -> None:
         for sub in list(self.subs):
@@ -265,7 +270,7 @@ def _connection_name(number: int, request: web.Request) -> str:
 async def native_ws(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]  # the auth middleware has checked the key
     name = client_label(request.query.get("client", ""), "query parameter 'client'")
-    async with open_ws(request, text=False) as (ws, outbox):
+    async with open_ws(request) as (ws, outbox):
         info = ClientInfo(name, request.remote or "", service.now(), "v1")
         clients = request.app[CLIENTS]
         client = clients.add(info)
@@ -274,12 +279,9 @@ async def native_ws(request: web.Request) -> web.StreamResponse:
         info.client_id = info.client_id or _connection_name(client, request)
         conn = NativeConnection(service, clients, outbox, info)
         try:
-            async for msg in messages(ws):
-                if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
-                    conn.handle(msg.data)
-                    if outbox.full:
-                        await outbox.wait_writable()
+            ws.deliver(conn.feed, lambda: outbox.full, outbox.wait_writable)
+            await ws.wait_closed()
         finally:
             clients.remove(client)
             conn.close()
-    return ws
+    return ws.response

@@ -19,6 +19,7 @@ Unmasking is aiohttp's compiled routine when it is there, an integer XOR otherwi
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 
 __all__ = [
@@ -32,6 +33,8 @@ __all__ = [
     "Message",
     "close_payload",
     "frame_extent",
+    "server_frame",
+    "server_header",
     "unmask_int",
 ]
 
@@ -101,6 +104,26 @@ _unmask: Callable[[bytes, bytes], bytes] = _compiled_unmask() or unmask_int
 def close_payload(code: int, reason: str = "") -> bytes:
     """The payload of a close frame: the code, big-endian, then the reason (≤ 123 bytes)."""
     return code.to_bytes(2, "big") + reason.encode()[:123]
+
+
+_SHORT = [[bytes((0x80 | opcode, n)) for n in range(126)] for opcode in range(16)]
+_LEN16 = struct.Struct("!BBH").pack
+_LEN64 = struct.Struct("!BBQ").pack
+
+
+def server_header(opcode: int, length: int) -> bytes:
+    """The header of a whole (FIN) server frame of ``length`` payload bytes (§5.2: a
+    server never masks)."""
+    if length < 126:
+        return _SHORT[opcode][length]
+    if length < 65536:
+        return _LEN16(0x80 | opcode, 126, length)
+    return _LEN64(0x80 | opcode, 127, length)
+
+
+def server_frame(opcode: int, payload: bytes) -> bytes:
+    """A whole server frame: header and payload."""
+    return server_header(opcode, len(payload)) + payload
 
 
 class ClientFrames:

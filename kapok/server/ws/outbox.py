@@ -18,7 +18,7 @@ its place: an error never closes a producer's connection. A delivery has no
 ``refuse``: when its messages' write failed, the connection is closed (the
 broker requeues what the consumer held).
 
-Why frames are framed here and not by aiohttp's ``send_frame``: a socket
+Why frames are queued and joined here: a socket
 write is a system call, and the KapokMQ protocol sends one frame per message
 (an ``ok`` per publish, a push per delivery). So every frame that is ready
 (its future done) goes to the transport with the others ready at that moment,
@@ -28,8 +28,8 @@ same frames, but one syscall carries hundreds of them.
 When: at once, on the caller's turn, when the frame is at the head of the
 queue and ready (a push of durable messages, a reply that waits for nothing),
 or in the callback of the head's future (a producer's ``ok`` goes out in the
-turn its WAL write completes, with no task switch). Flow control stays
-aiohttp's: while its protocol has writing paused (the transport above its
+turn its WAL write completes, with no task switch). Flow control is the
+transport's: while the socket has writing paused (the transport above its
 high-water mark) the connection's task takes over and awaits ``drain()``
 between writes; the task also hangs up after a storage failure.
 """
@@ -39,18 +39,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import struct
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
-from aiohttp import WSCloseCode, web
-from aiohttp.abc import AbstractStreamWriter
+from aiohttp import WSCloseCode
 
 from kapok.errors import KapokError, StorageError
+from kapok.server.ws.frames import TEXT, server_header
+from kapok.server.ws.socket import ServerSocket
 from kapok.tasks import cancel_and_wait
 
-__all__ = ["Outbox", "text_frame_header", "text_frames"]
+__all__ = ["Outbox", "text_frames"]
 
 log = logging.getLogger("kapok.server")
 
@@ -60,23 +59,10 @@ Refusal = Callable[[KapokError], bytes]
 # written, and what to send instead if the wait fails.
 _Item = tuple[bytes, "asyncio.Future[None] | None", Callable[[], None] | None, Refusal | None]
 
-# RFC 6455 §5.2, server to client (never masked): FIN + opcode 1 (text), then the length.
-_FIN_TEXT = 0x81
-_SHORT_HEADERS = [bytes((_FIN_TEXT, n)) for n in range(126)]
-_LEN16 = struct.Struct("!BBH").pack
-_LEN64 = struct.Struct("!BBQ").pack
 # One write carries at most about this many bytes, so a long queue is sent in
 # slices, with flow control between them.
 _WRITE_MAX = 256 * 1024
 _CLOSING = ConnectionResetError("the connection is closing")  # _write_now: stop, quietly
-
-
-def text_frame_header(length: int) -> bytes:
-    if length < 126:
-        return _SHORT_HEADERS[length]
-    if length < 65536:
-        return _LEN16(_FIN_TEXT, 126, length)
-    return _LEN64(_FIN_TEXT, 127, length)
 
 
 def text_frames(payloads: list[bytes]) -> bytes:
@@ -84,31 +70,21 @@ def text_frames(payloads: list[bytes]) -> bytes:
     parts: list[bytes] = []
     add = parts.append
     for payload in payloads:
-        add(text_frame_header(len(payload)))
+        add(server_header(TEXT, len(payload)))
         add(payload)
     return b"".join(parts)
 
 
 class Outbox:
-    def __init__(
-        self,
-        ws: web.WebSocketResponse,
-        transport: asyncio.Transport,
-        writer: AbstractStreamWriter,
-        max_bytes: int,
-    ) -> None:
-        self._ws = ws
-        self._transport = transport
-        self._writer = writer  # the response's stream writer: its drain() is aiohttp's flow control
+    def __init__(self, sock: ServerSocket, max_bytes: int) -> None:
+        self._sock = sock  # its writing_paused and drain() are the flow control
+        self._transport = sock.transport
         self._max_bytes = max_bytes
         self._queue: deque[_Item] = deque()
         self._bytes = 0
         self._wakeup = asyncio.Event()
         self._drained = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        # aiohttp's protocol of the connection: ``writing_paused`` is its flow control
-        # (None: unknown, so every write goes through the task and its drain()).
-        self._protocol: Any = getattr(writer, "protocol", None)
         self._writing = False  # a write (the task's, or a synchronous one) is under way
         self._failure: BaseException | None = None  # for the task: hang up
         self.closed = False
@@ -136,7 +112,7 @@ class Outbox:
         """Queue one text frame with ``frame`` as its payload; ``refuse`` gives the payload
         sent instead when ``after`` fails with a ``KapokError``."""
         wire_refusal = None if refuse is None else (lambda exc: text_frames([refuse(exc)]))
-        self._enqueue(text_frame_header(len(frame)) + frame, after, on_sent, wire_refusal)
+        self._enqueue(server_header(TEXT, len(frame)) + frame, after, on_sent, wire_refusal)
 
     def send_many(
         self,
@@ -211,7 +187,7 @@ class Outbox:
         failure."""
         if self.closed or self._writing:
             return
-        if self._protocol is None or self._paused():
+        if self._sock.writing_paused:
             self._wakeup.set()
             return
         self._writing = True
@@ -232,8 +208,7 @@ class Outbox:
             self._head_changed()  # the new head waits for its future
 
     def _paused(self) -> bool:
-        protocol = self._protocol
-        return protocol is not None and bool(protocol.writing_paused)
+        return self._sock.writing_paused
 
     def _stop(self) -> None:
         self.closed = True
@@ -251,7 +226,7 @@ class Outbox:
                     while True:
                         outcome, self._failure = self._failure, None
                         if outcome is None:
-                            await self._writer.drain()
+                            await self._sock.drain()
                             if not queue:
                                 self._give_room()  # what the drain made room for
                                 if not queue:
@@ -310,7 +285,7 @@ class Outbox:
                     if on_sent is not None:
                         callbacks.append(on_sent)
                 if parts:
-                    if self._ws.closed or self._transport.is_closing():
+                    if self._sock.closed or self._transport.is_closing():
                         return _CLOSING
                     # writelines, not write(b"".join(parts)): the items go out as one writev, with
                     # no copy into a new buffer (joined, a 256 KiB write cost 300 µs of CPU on this
@@ -350,7 +325,7 @@ class Outbox:
         # Storage failed: this frame's message is not durable, so never confirm it; hang up.
         message = failed.message if isinstance(failed, KapokError) else str(failed)
         log.error("closing a connection: %s", message)
-        await self._ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"storage failure")
+        await self._sock.close(code=WSCloseCode.INTERNAL_ERROR, message=b"storage failure")
 
     async def aclose(self) -> None:
         """Stop writing; frames still queued are dropped (the connection is going away)."""

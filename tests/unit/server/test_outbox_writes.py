@@ -1,7 +1,7 @@
 """When the outbox writes: ready frames at once, on the caller's turn; a frame that waits
 for a future in the turn it completes; the queue's order always; the task only while
-aiohttp's flow control holds writes back, and for the hang-up after a storage failure.
-A fake transport and protocol stand in for aiohttp's (no sockets)."""
+the socket's flow control holds writes back, and for the hang-up after a storage failure.
+A fake transport and socket stand in for the real ones (no sockets)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ import sys
 from collections.abc import Callable
 from typing import Any, cast
 
-from aiohttp import web
-
 from kapok.errors import StorageError, UnavailableError
 from kapok.server.ws.outbox import Outbox, text_frames
+from kapok.server.ws.socket import ServerSocket
 
 
 class _Protocol:
@@ -28,15 +27,6 @@ class _Protocol:
     def resume(self) -> None:
         self.writing_paused = False
         self.resumed.set()
-
-
-class _Writer:
-    def __init__(self, protocol: _Protocol) -> None:
-        self.protocol = protocol
-
-    async def drain(self) -> None:
-        if self.protocol.writing_paused:
-            await self.protocol.resumed.wait()
 
 
 class _Transport:
@@ -59,9 +49,21 @@ class _Transport:
 
 
 class _WebSocket:
-    def __init__(self) -> None:
+    """What the outbox uses of a ``ServerSocket``."""
+
+    def __init__(self, protocol: _Protocol, transport: _Transport) -> None:
+        self.protocol = protocol
+        self.transport = transport
         self.closed = False
         self.close_code: int | None = None
+
+    @property
+    def writing_paused(self) -> bool:
+        return self.protocol.writing_paused
+
+    async def drain(self) -> None:
+        if self.protocol.writing_paused:
+            await self.protocol.resumed.wait()
 
     async def close(self, *, code: int, message: bytes = b"") -> bool:
         self.closed = True
@@ -72,10 +74,8 @@ class _WebSocket:
 def _outbox(high_water: int = 1 << 30, max_bytes: int = 1 << 20) -> tuple[Outbox, _Transport, _WebSocket]:
     protocol = _Protocol()
     transport = _Transport(protocol, high_water)
-    ws = _WebSocket()
-    outbox = Outbox(
-        cast("web.WebSocketResponse", ws), cast("Any", transport), cast("Any", _Writer(protocol)), max_bytes
-    )
+    ws = _WebSocket(protocol, transport)
+    outbox = Outbox(cast("ServerSocket", ws), max_bytes)
     outbox.start()
     return outbox, transport, ws
 
