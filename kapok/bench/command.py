@@ -85,6 +85,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         rounds=args.rounds,
         peers=_peers(args),
         peer_pid=args.peer_pid,
+        peer_cmd=args.peer_cmd or "",
     )
 
 
@@ -104,6 +105,10 @@ def _peers(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
         peers.append((kind, url.rstrip("/")))
     if args.peer_pid is not None and not peers:
         raise ConfigError("--peer-pid needs --peer")
+    if args.peer_cmd and not peers:
+        raise ConfigError("--peer-cmd needs --peer")
+    if args.peer_cmd and args.peer_pid is not None:
+        raise ConfigError("--peer-cmd starts the peer itself: give no --peer-pid")
     return tuple(peers)
 
 

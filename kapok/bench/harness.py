@@ -55,6 +55,7 @@ class Options:
     rounds: int = 1  # every case this many times, interleaved (medians in the summary)
     peers: tuple[tuple[str, str], ...] = ()  # (name, HTTP URL): KapokMQ servers run beside Kapok
     peer_pid: int | None = None  # the peer's local PID, for its CPU and RSS
+    peer_cmd: str = ""  # the shell command that runs the peer: started and stopped per case
 
 
 class Progress:

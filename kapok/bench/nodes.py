@@ -8,8 +8,11 @@ processes (its archiver): they are part of what running a node costs.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import signal
+import subprocess
 import tempfile
 import time
 import urllib.error
@@ -20,7 +23,7 @@ from pathlib import Path
 from kapok.bench.proc import cpu_s, rss_bytes
 from kapok.launch import NodeProcess, start_node
 
-__all__ = ["LocalNode", "Node", "RemoteNode", "wait_health"]
+__all__ = ["LocalNode", "Node", "PeerProcess", "RemoteNode", "wait_health"]
 
 RECOVERED = re.compile(r"recovered (\d+) messages in ([0-9.]+) s")
 START_TIMEOUT_S = 120.0  # a restart may replay a long WAL
@@ -75,6 +78,54 @@ class RemoteNode(Node):
     @property
     def pid(self) -> int | None:
         return self._pid
+
+
+class PeerProcess(RemoteNode):
+    """A peer the bench starts itself (``--peer-cmd``, a shell command that runs it in the
+    foreground) and stops after the case: every case meets a fresh peer, not one grown by
+    the cases before it. Its PID is the command's: ``exec`` the server so that it is the
+    server's, whose CPU and RSS are then read."""
+
+    def __init__(self, http_url: str, command: str, timeout_s: float = 30.0) -> None:
+        super().__init__(http_url, None)
+        self.proc = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self._pid = self.proc.pid
+        if not _answers(self.http_url, timeout_s, self.proc):
+            self.close()
+            raise RuntimeError(f"--peer-cmd: no answer at {self.http_url} within {timeout_s:.0f} s")
+
+    def close(self) -> None:
+        for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+            if self.proc.poll() is not None:
+                return
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(wait_s)
+            except subprocess.TimeoutExpired:
+                continue
+
+
+def _answers(http_url: str, timeout_s: float, proc: subprocess.Popen[bytes]) -> bool:
+    """Poll ``http_url`` until it answers with any HTTP status, while ``proc`` runs."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(http_url + "/", timeout=2.0):
+                return True
+        except urllib.error.HTTPError:
+            return True
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.05)
+    return False
 
 
 class LocalNode(Node):

@@ -37,6 +37,12 @@ def add_options(command: argparse.ArgumentParser) -> None:
         "Kapok's, and print the ratios",
     )
     add("--peer-pid", type=int, help="with --peer: the peer's local PID, to read its CPU and RSS")
+    add(
+        "--peer-cmd",
+        metavar="COMMAND",
+        help="with --peer: a shell command that runs the peer in the foreground (exec the server); "
+        "the bench starts a fresh peer for each of its cases and stops it after",
+    )
     add("--rounds", type=int, default=1, help="run every case this many times, interleaved (default 1)")
     add("--node-pid", type=int, help="with --url: the node's local PID, to read its CPU and RSS")
     add("--key", default="test", help="the node's mq.secret_key (default test)")

@@ -9,7 +9,7 @@ import os
 import time
 
 from kapok.bench.harness import CaseFailed, Harness, Options, Progress
-from kapok.bench.nodes import LocalNode, Node, RemoteNode
+from kapok.bench.nodes import LocalNode, Node, PeerProcess, RemoteNode
 from kapok.bench.report import Row
 from kapok.bench.workloads import WORKLOADS
 from kapok.launch import get_json
@@ -55,10 +55,16 @@ def _peer_case(h: Harness, workload: str, name: str, url: str) -> list[Row]:
             h.progress.line(f"kapok bench: {label}: skipped (runs against Kapok only)")
         return []
     h.begin(label)
+    command = h.options.peer_cmd
+    peer: RemoteNode | None = None
     try:
-        rows = WORKLOADS[workload](h, RemoteNode(url, h.options.peer_pid), "kapokmq")
+        peer = PeerProcess(url, command) if command else RemoteNode(url, h.options.peer_pid)
+        rows = WORKLOADS[workload](h, peer, "kapokmq")
     except Exception as exc:
         return [_failed(h, label, workload, "kapokmq", "-", exc)]
+    finally:
+        if peer is not None:
+            peer.close()
     for row in rows:
         h.progress.done(f"kapok bench: {name} {row.label()}: {_headline(row)}")
     return rows

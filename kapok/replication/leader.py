@@ -158,8 +158,9 @@ class Leader:
     def check_writable(self) -> None:
         """Sync mode: refuse a publish up front (nothing is stored) while the paired slave
         has been gone too long."""
-        gone = not self.link_up and self.silent_s() * 1000 >= self.cfg.sync_timeout_ms
-        if self.cfg.mode == "sync" and self.pair.state.paired and gone and not self.alone:
+        if self.cfg.mode != "sync" or not self.pair.state.paired or self.link_up or self.alone:
+            return
+        if self.silent_s() * 1000 >= self.cfg.sync_timeout_ms:
             raise ReplicationUnavailableError(
                 f"sync replication: the paired slave {self.pair.state.partner} is not connected"
             )

@@ -207,6 +207,7 @@ class WriteAheadLog:
         self._inflight: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup = asyncio.Event()
+        self._wake_due = False  # a call to _wake is scheduled
         self._cut_next = True
         self._file: int | None = None  # fd of the open segment
         self._file_size = 0
@@ -314,8 +315,17 @@ class WriteAheadLog:
         if future is None:
             assert self._loop is not None, "append before start"
             future = self._pending = self._loop.create_future()
-            self._wakeup.set()
+            if not self._wake_due:
+                # The flusher is woken on the next turn, not now: a caller that has the
+                # records written on this turn (``write_now``) spares it a task switch.
+                self._wake_due = True
+                self._loop.call_soon(self._wake)
         return future
+
+    def _wake(self) -> None:
+        self._wake_due = False
+        if self._batches:
+            self._wakeup.set()
 
     def attach_archive(self, archive: ArchiveSink) -> None:
         """Hand the frames written from now on to ``archive`` too."""
