@@ -315,7 +315,9 @@ class WriteAheadLog:
         if future is None:
             assert self._loop is not None, "append before start"
             future = self._pending = self._loop.create_future()
-            if not self._wake_due:
+            if self.policy == "always":
+                self._wakeup.set()  # never written on the loop: the flusher's, at once
+            elif not self._wake_due:
                 # The flusher is woken on the next turn, not now: a caller that has the
                 # records written on this turn (``write_now``) spares it a task switch.
                 self._wake_due = True
