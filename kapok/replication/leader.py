@@ -56,6 +56,7 @@ __all__ = ["Leader", "Pair"]
 log = logging.getLogger("kapok.replication")
 
 HELLO_TIMEOUT_S = 10.0
+UNPAIRED_BACKLOG_BYTES = 1024 * 1024  # see Leader.offer
 
 
 class Pair(Protocol):
@@ -123,8 +124,19 @@ class Leader:
     # ------------------------------------------------------------ the log
 
     def offer(self, first_lsn: int, count: int, payload: bytes) -> None:
-        """A batch the WAL just encoded (``kapok.storage.wal.ReplicaSink``)."""
-        self.backlog.offer(first_lsn, count, payload, self.pair.now())
+        """A batch the WAL just encoded (``kapok.storage.wal.ReplicaSink``).
+
+        Until a slave has paired, the backlog keeps at most ``UNPAIRED_BACKLOG_BYTES``: a
+        node that runs alone would otherwise hold ``backlog_bytes`` (64 MiB by default) of
+        log no slave may ever read. A slave started beside its master still resumes from
+        it; one that first pairs with a master that logged more gets a full transfer."""
+        backlog = self.backlog
+        backlog.max_bytes = (
+            self.cfg.backlog_bytes
+            if self.session is not None or self.pair.state.paired
+            else min(self.cfg.backlog_bytes, UNPAIRED_BACKLOG_BYTES)
+        )
+        backlog.offer(first_lsn, count, payload, self.pair.now())
         self._wake.set()
         session = self.session
         if session is not None and session.state.acked >= 0 and not self.backlog.holds(session.state.acked):

@@ -16,6 +16,7 @@ import pytest
 from tests.integration.conftest import Start
 
 from kapok.config import load_config
+from kapok.replication.leader import UNPAIRED_BACKLOG_BYTES
 from kapok.replication.protocol import Role
 from kapok.storage.disk import begin_transfer, install_transfer
 from kapok.storage.records import encode_end
@@ -151,6 +152,28 @@ async def test_a_returning_slave_resumes_from_the_backlog(
     await eventually(lambda: leader.link_up and leader.caught_up(), timeout_s=T, what="the slave catching up")
     assert leader.resumes == 2 and leader.full_transfers == 0
     assert all(code in slave.broker.messages for code in missed)
+
+
+async def test_a_node_alone_keeps_little_log_in_memory_until_a_slave_pairs(
+    start: Start, session: aiohttp.ClientSession
+) -> None:
+    """A node no slave has paired with held its whole backlog (64 MiB by default) of log
+    that no slave might ever read: a fifth of a standalone node's memory in an e2e run."""
+    master = await start("m")
+    leader = master.replication.leader
+    assert leader is not None
+    big = "x" * 10_000
+    for _ in range(30):  # 3 MB of log
+        await publish(session, master, *[big] * 10)
+    assert leader.backlog.bytes <= UNPAIRED_BACKLOG_BYTES + 10 * len(big) + 1000
+    slave = await start("s", "replication.role=slave", f"replication.master={master.url}")
+    await eventually(lambda: leader.link_up and leader.caught_up(), timeout_s=T, what="the slave catching up")
+    assert leader.full_transfers == 1  # its log had left the small backlog
+    codes = []
+    for _ in range(30):  # paired: the configured backlog again
+        codes += (await publish(session, master, *[big] * 10))["codes"]
+    assert leader.backlog.bytes > 2 * UNPAIRED_BACKLOG_BYTES
+    await eventually(lambda: all(c in slave.broker.messages for c in codes), timeout_s=T, what="mirrored")
 
 
 async def test_a_slave_out_of_the_backlog_gets_a_full_transfer(
