@@ -14,11 +14,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 
 from kapok.server.ws.base import frame_limit
 from kapok.testing import eventually
 from kapok.testing.slow import scaled
+from kapok.testing.wsraw import client_frame
 
 SUB = object()  # placeholder for the id of a real subscription on the connection
 T = scaled(3.0)  # upper bound of every single wait
@@ -314,6 +316,44 @@ async def test_unmasked_client_frame_closes_1002(
                 break
         assert int.from_bytes(payload[:2], "big") == aiohttp.WSCloseCode.PROTOCOL_ERROR, payload
         assert b"pong" not in seen  # the frame was never taken
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+    await still_serving(node, session, auth, None)
+
+
+@pytest.mark.parametrize(
+    ("violation", "code"),
+    [
+        (client_frame(0x1, b'{"op": "ping", "id": "\xff"}'), 1007),
+        (client_frame(0x9, b"x", fin=False), 1002),
+        (client_frame(0x8, (1005).to_bytes(2, "big")), 1002),
+        (client_frame(0x0, b"orphan"), 1002),
+        (client_frame(0x1, b"{}", rsv=4), 1002),
+        (client_frame(0x3, b"{}"), 1002),
+    ],
+    ids=["invalid-utf8", "fragmented-ping", "reserved-close-code", "orphan-continuation", "rsv", "opcode"],
+)
+async def test_violations_on_v1_ws_close_with_their_code_after_earlier_frames(
+    node: Any, session: aiohttp.ClientSession, auth: dict[str, str], violation: bytes, code: int
+) -> None:
+    """/v1/ws refuses what the KapokMQ routes refuse, with the same codes, and answers the
+    frames before the violation first (never one after it)."""
+    reader, writer = await raw_upgrade(node.server.port, "/v1/ws", auth)
+    try:
+        ping = client_frame(0x1, b'{"op": "ping", "id": 1}')
+        writer.write(ping + violation + client_frame(0x1, b'{"op": "ping", "id": 2}'))
+        frames = []
+        while True:
+            first = await asyncio.wait_for(reader.readexactly(2), scaled(5))
+            payload = await asyncio.wait_for(reader.readexactly(first[1] & 0x7F), scaled(5))
+            if first[0] == 0x88:
+                break
+            frames.append(orjson.loads(payload))
+        assert int.from_bytes(payload[:2], "big") == code, payload
+        assert frames == [{"op": "pong", "id": 1}]
+        assert await asyncio.wait_for(reader.read(), scaled(5)) == b""  # then the node hangs up
     finally:
         writer.close()
         with contextlib.suppress(ConnectionError):
