@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -11,7 +11,6 @@ from kapok.cluster.node import GossipNode
 from kapok.config import Config
 from kapok.replication.node import ReplicationNode
 from kapok.server.guard.clients import Clients
-from kapok.server.ws.socket import ServerSocket
 from kapok.service import BrokerService
 
 __all__ = ["CLIENTS", "CONFIG", "CONNECTIONS", "GOSSIP", "REGISTRY", "REPLICATION", "SERVICE"]
@@ -23,7 +22,13 @@ CLIENTS: Final = web.AppKey("clients", Clients)  # client connections, auth stat
 
 # Open WebSocket handlers, so that shutdown can close them and the
 # max_connections limit can be enforced.
-class OpenSockets(set[ServerSocket]):
+class Closable(Protocol):
+    """An open WebSocket as shutdown sees it (``kapok.server.ws.socket.ServerSocket``)."""
+
+    async def close(self, *, code: int = 1000, message: bytes = b"") -> bool: ...
+
+
+class OpenSockets(set[Closable]):
     """The node's open WebSockets."""
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+from typing import Protocol
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from kapok.errors import AuthBlockedError
 from kapok.protocol.kapokmq import ASK_KEY, KEY_ERROR, KEY_OK
@@ -21,7 +22,6 @@ from kapok.server.guard.connections import closing, set_state, trust
 from kapok.server.guard.conntable import ConnState
 from kapok.server.guard.throttle import Accept, Blocked, Reject, Verdict
 from kapok.server.keys import CLIENTS, SERVICE
-from kapok.server.ws.socket import ServerSocket
 
 __all__ = [
     "bearer_token",
@@ -80,12 +80,22 @@ async def check_key(request: web.Request, given: str | None) -> bool:
     return True
 
 
-async def _refuse(ws: ServerSocket, reason: str) -> bool:
+class KeyExchange(Protocol):
+    """What the in-band key exchange needs of a socket (the node's ``ServerSocket``)."""
+
+    async def send_str(self, data: str) -> None: ...
+
+    async def receive(self, timeout: float | None = None) -> WSMessage: ...
+
+    async def close(self, *, code: int = 1000, message: bytes = b"") -> bool: ...
+
+
+async def _refuse(ws: KeyExchange, reason: str) -> bool:
     await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=reason.encode()[:120])
     return False
 
 
-async def compat_handshake(ws: ServerSocket, request: web.Request) -> bool:
+async def compat_handshake(ws: KeyExchange, request: web.Request) -> bool:
     """Run KapokMQ's in-band key exchange; unlike KapokMQ, with a limit on tries and time,
     and the node's per-address back-off."""
     service = request.app[SERVICE]
