@@ -61,7 +61,7 @@ HIGH_WATER = 8 * MIB  # bytes the child may lag behind before ``drain`` waits
 RESTART_S = 5.0
 CLOSE_TIMEOUT_S = 60.0
 MAINTAIN_S = 10.0
-READ_BYTES = MIB
+READ_BYTES = 128 * 1024  # a read's frames are decoded at once: 1 MiB reads held ~7 MB more at peak
 # The pipe carries the WAL's frames as written, each feed headed by a frame of this kind
 # (a kind the WAL never writes) holding the LSN of the feed's first record, little-endian.
 POSITION_TYPE = 254
