@@ -17,9 +17,10 @@ from tests.integration.conftest import Start
 
 from kapok.config import load_config
 from kapok.replication.protocol import Role
-from kapok.storage.disk import begin_transfer, install_transfer
+from kapok.storage.disk import DiskStore, begin_transfer, install_transfer
 from kapok.storage.records import encode_end
 from kapok.testing import eventually
+from kapok.testing.console import ConsoleClient, cookie_jar
 from kapok.testing.inprocess import RunningApp
 from kapok.testing.slow import scaled
 
@@ -203,6 +204,34 @@ async def test_acks_and_deletes_reach_the_mirror(start: Start, session: aiohttp.
     await eventually(leader.caught_up, timeout_s=T, what="the slave's ack of the last LSN")
     assert slave.replication.wal.next_lsn == master.replication.wal.next_lsn
     assert leader.full_transfers == 0
+
+
+async def test_a_slaves_console_applies_what_it_journaled_before_it_shows_the_state(start: Start) -> None:
+    master, slave = await pair(start)
+    applier = slave.replication.applier
+    await applier.aclose()  # no idle time: only the console's catch-up applies now
+    async with aiohttp.ClientSession(cookie_jar=cookie_jar()) as http:
+        await publish(http, master, "a", "b", "c")
+        assert applier.records >= 3 and slave.broker.messages == {}  # acked, journaled, not applied
+        console = ConsoleClient(http, slave.url)
+        assert (await console.log_in(SECRET)).status == 303
+        overview = await console.json("/console/api/overview")
+    assert overview["counts"]["held"] == 3 and applier.records == 0
+
+
+async def test_a_slaves_snapshot_holds_every_record_before_its_lsn(
+    start: Start, session: aiohttp.ClientSession
+) -> None:
+    master, slave = await pair(start)
+    applier = slave.replication.applier
+    await applier.aclose()  # no idle time: only the snapshot's catch-up applies now
+    codes = (await publish(session, master, "a", "b"))["codes"]
+    assert applier.records >= 2
+    store = slave.service.store
+    assert isinstance(store, DiskStore)
+    await store.snapshot()  # cut at the log's end: the state it writes must hold all before it
+    assert applier.records == 0 and set(codes) <= set(slave.broker.messages)
+    assert store.snapshots == 1
 
 
 async def test_a_paired_master_refuses_another_slave(start: Start) -> None:
