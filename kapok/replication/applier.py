@@ -6,9 +6,10 @@ applying its records to the mirror (``kapok.core.replay.Mirror``) is what cost a
 most of its CPU, on the cores its master serves on, so it is done here, later
 (``kapok.replication.unapplied`` holds the rules and the bound):
 
-* in idle time: once the link has been quiet for ``QUIET_S``, the task applies what is
-  queued in slices of at most ``SLICE_S`` of loop time, yielding to the loop between
-  slices, so a frame that arrives meanwhile is read, journaled and acked at once;
+* in idle time: once the link has been quiet for ``QUIET_S`` (or while the load is light:
+  ``LIGHT_RECORDS``), the task applies what is queued in slices of at most ``SLICE_S`` of
+  loop time, yielding to the loop between slices, so a frame that arrives meanwhile is
+  read, journaled and acked at once;
 * over the bound: ``journaled`` applies the oldest batches itself, before the follower
   reads the next frame (the link's backpressure then slows the master's sending);
 * completely, before anything needs the whole state: ``catch_up`` before the node leads
@@ -45,7 +46,7 @@ from kapok.replication.unapplied import Unapplied
 from kapok.storage.records import decode_payload
 from kapok.tasks import cancel_and_wait
 
-__all__ = ["MAX_BYTES", "MAX_RECORDS", "QUIET_S", "SLICE_S", "Applier", "UnappliedCollector"]
+__all__ = ["LIGHT_RECORDS", "MAX_BYTES", "MAX_RECORDS", "QUIET_S", "SLICE_S", "Applier", "UnappliedCollector"]
 
 log = logging.getLogger("kapok.replication")
 
@@ -59,6 +60,9 @@ MAX_BYTES = 64 << 20
 # The link has been quiet this long: its master is idle, and so, most likely, are the cores
 # they share (a pair on one machine, or masters and slaves crossed over a few machines).
 QUIET_S = 0.1
+# Fewer records than this in two windows of QUIET_S (under 5,000-10,000 a second) is a
+# light load: applied as it comes (a few ms of CPU a second), not kept up to the bound.
+LIGHT_RECORDS = 1000
 SLICE_S = 0.005  # loop time one slice may take before the loop serves others
 PRUNE_EVERY_S = 1.0  # retention runs out on an idle mirror too
 
@@ -74,7 +78,10 @@ class Applier:
         max_bytes: int = MAX_BYTES,
     ) -> None:
         self.mirror = mirror
-        self.queue = Unapplied(applied, max_records=max_records, max_bytes=max_bytes, quiet_s=QUIET_S)
+        self.queue = Unapplied(
+            applied, max_records=max_records, max_bytes=max_bytes, quiet_s=QUIET_S,
+            light_records=LIGHT_RECORDS,
+        )  # fmt: skip
         self.now = now  # the service's clock: retention is on it
         self.failed: str | None = None  # why a batch could not be applied (the mirror lacks it): the first
         self._wake = asyncio.Event()

@@ -8,7 +8,10 @@ durable, without decoding it; the batch waits here until it is applied to the mi
 * ``add`` queues a batch (the follower's ``Append``); batches are contiguous in LSNs (a
   gap is a bug: ``ValueError``).
 * ``due(now)``: apply now, because the link has been quiet for ``quiet_s`` (the loop is
-  idle: nothing came in for that long) or because the queue is ``full``.
+  idle: nothing came in for that long), because the load is light (fewer than
+  ``light_records`` came in this window of ``quiet_s`` and the one before: applying them
+  costs next to nothing, and a master that sends a little all the time should not leave
+  its slave's mirror behind for long), or because the queue is ``full``.
 * ``full``: ``max_records`` records or ``max_bytes`` payload bytes are queued. The
   follower then applies the oldest batches itself before it reads the link again, so a
   slave that cannot keep up holds at most the bound (its acks slow down instead).
@@ -30,15 +33,20 @@ __all__ = ["Unapplied"]
 
 
 class Unapplied:
-    def __init__(self, applied: int, *, max_records: int, max_bytes: int, quiet_s: float) -> None:
+    def __init__(
+        self, applied: int, *, max_records: int, max_bytes: int, quiet_s: float, light_records: int
+    ) -> None:
         self.max_records = max_records
         self.max_bytes = max_bytes
         self.quiet_s = quiet_s
+        self.light_records = light_records
         self.applied = applied  # the end (next LSN) of what the mirror holds
         self.end = applied  # the end of what is journaled
         self.records = 0
         self.bytes = 0
         self.last_added = float("-inf")
+        self._window_end = float("-inf")  # records came in windows of quiet_s: this one ends then
+        self._in_window = self._window_before = 0
         self._batches: deque[Append] = deque()
 
     def __len__(self) -> int:
@@ -52,14 +60,23 @@ class Unapplied:
         self.records += batch.count
         self.bytes += len(batch.payload)
         self.last_added = now
+        if now >= self._window_end:  # the window before counts only if it was the last one
+            self._window_before = self._in_window if now < self._window_end + self.quiet_s else 0
+            self._in_window = 0
+            self._window_end = now + self.quiet_s
+        self._in_window += batch.count
 
     @property
     def full(self) -> bool:
         return self.records >= self.max_records or self.bytes >= self.max_bytes
 
     def due(self, now: float) -> bool:
-        """Whether to apply now: something waits, and the link has been quiet or the queue is full."""
-        return bool(self._batches) and (self.full or now - self.last_added >= self.quiet_s)
+        """Whether to apply now: something waits, and the link has been quiet, the load is
+        light, or the queue is full."""
+        if not self._batches:
+            return False
+        light = self._window_before + self._in_window < self.light_records
+        return light or self.full or now - self.last_added >= self.quiet_s
 
     def quiet_at(self) -> float:
         """When the queue becomes due if nothing more comes."""

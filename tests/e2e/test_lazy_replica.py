@@ -22,8 +22,8 @@ from kapok.testing.slow import scaled
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
 
 AUTH = {"Authorization": "Bearer test"}
-BATCHES = 40
-BATCH = 250  # 10,000 messages, 3 records each once delivered and acked
+BATCHES = 10
+BATCH = 1000  # records a request: over the light load of the applier (LIGHT_RECORDS) at once
 
 
 def _promote(url: str) -> int:

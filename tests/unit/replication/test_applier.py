@@ -28,7 +28,7 @@ def _full(queue: Unapplied) -> bool:
 
 
 def test_a_queue_is_due_once_the_link_was_quiet_or_it_is_full() -> None:
-    queue = Unapplied(100, max_records=10, max_bytes=1000, quiet_s=0.02)
+    queue = Unapplied(100, max_records=10, max_bytes=1000, quiet_s=0.02, light_records=2)
     assert not queue.due(50.0)  # nothing to apply
     queue.add(_append(100, 4), now=1.0)
     assert queue.end == 104 and queue.applied == 100 and queue.records == 4
@@ -44,7 +44,7 @@ def test_a_queue_is_due_once_the_link_was_quiet_or_it_is_full() -> None:
 
 
 def test_the_bound_counts_payload_bytes_too() -> None:
-    queue = Unapplied(0, max_records=1000, max_bytes=100, quiet_s=0.02)
+    queue = Unapplied(0, max_records=1000, max_bytes=100, quiet_s=0.02, light_records=0)
     queue.add(_append(0, 1, size=60), now=0.0)
     assert not _full(queue)
     queue.add(_append(1, 1, size=60), now=0.0)
@@ -52,6 +52,20 @@ def test_the_bound_counts_payload_bytes_too() -> None:
     queue.take()
     queue.take()
     assert queue.take() is None and queue.bytes == 0 and queue.applied == 2
+
+
+def test_a_light_load_is_applied_as_it_comes_a_heavy_one_once_the_link_is_quiet() -> None:
+    queue = Unapplied(0, max_records=10_000, max_bytes=1 << 20, quiet_s=0.1, light_records=100)
+    queue.add(_append(0, 40), now=1.0)
+    assert queue.due(1.0)  # 40 records in this window and none before: light
+    queue.add(_append(40, 40), now=1.05)
+    assert queue.due(1.05)  # 80
+    queue.add(_append(80, 40), now=1.12)  # a new window, the one before had 80: 120 in two
+    assert not queue.due(1.12) and queue.due(1.23)  # heavy: wait for a quiet link
+    queue.add(_append(120, 80), now=1.25)  # 40 in the window before, 80 in this one
+    assert not queue.due(1.25)
+    queue.add(_append(200, 10), now=1.50)  # a window went by empty: light again
+    assert queue.due(1.50)
 
 
 def _master_log() -> tuple[Broker, list[list[Change]]]:
