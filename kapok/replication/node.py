@@ -180,6 +180,8 @@ class ReplicationNode:
             store: DiskStore = self.service.store
             if isinstance(store, DiskStore):
                 store.before_snapshot = applier.catch_up  # a snapshot holds the whole log
+            if self.role is Role.FOLLOWER:  # a full transfer reopened the store: go on applying
+                applier.start()
         return applier
 
     def current_applier(self) -> Applier | None:

@@ -179,6 +179,10 @@ async def test_a_slave_out_of_the_backlog_gets_a_full_transfer(
     assert leader.full_transfers == 1 and leader.resumes == 1
     assert set(codes) <= await mirrored(slave)
     assert leader.backlog.bytes <= 65536 + len(big) * 10 + 1000
+    # The store the transfer reopened has an applier of its own, applying in idle time too.
+    await publish(session, master, "after")
+    await eventually(lambda: leader.caught_up(), timeout_s=T, what="the slave's ack")
+    await eventually(lambda: slave.replication.applier.records == 0, timeout_s=T, what="idle applying")
 
 
 async def test_acks_and_deletes_reach_the_mirror(start: Start, session: aiohttp.ClientSession) -> None:
