@@ -150,9 +150,7 @@ class Applier:
                 )  # fmt: skip
                 self.failed = exc.message  # the first cause; the others are its consequence
             return
-        apply = self.mirror.apply
-        for record in records:
-            apply(record)
+        self.mirror.apply_all(records)
 
     async def _run(self) -> None:
         pruned = loop_time()
