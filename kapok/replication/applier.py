@@ -51,7 +51,7 @@ __all__ = ["LIGHT_RECORDS", "MAX_BYTES", "MAX_RECORDS", "QUIET_S", "SLICE_S", "A
 log = logging.getLogger("kapok.replication")
 
 # The bound of what is journaled and not applied. In records: what a leader-to-be may have
-# to apply before it serves (2-3 µs a record on the build machine: 250,000 records ≈ 0.6 s;
+# to apply before it serves (about 2.3 µs a record on the build machine: 250,000 ≈ 0.6 s;
 # after a crash the link's silence of failover_timeout_s is idle time, in which it is
 # applied before the takeover is decided). In bytes: the payloads held meanwhile (the WAL
 # holds the same bytes objects until written; 250,000 records of 100-byte messages ≈ 35 MB).
