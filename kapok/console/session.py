@@ -45,7 +45,7 @@ from aiohttp.typedefs import Handler
 from kapok.console.peers import SUMMARY_ROUTE
 from kapok.errors import AuthError, CsrfError
 from kapok.server.guard.auth import bearer_token, check_key
-from kapok.server.keys import SERVICE
+from kapok.server.keys import REPLICATION, SERVICE
 from kapok.server.routes.responses import read_form
 
 __all__ = [
@@ -173,10 +173,24 @@ async def _csrf_ok(request: web.Request, session: Session) -> bool:
 async def console_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     path = request.path
     if path.startswith("/console") or path == "/":
-        response = await _guard(request, handler) if _guarded(path) else await handler(request)
+        response = await _guard(request, _mirrored(handler)) if _guarded(path) else await handler(request)
         response.headers.update(SECURITY_HEADERS)
         return response
     return await handler(request)
+
+
+def _mirrored(handler: Handler) -> Handler:
+    """On a slave, the page shows its master's whole log: what it journaled and has not
+    applied yet is applied first (``kapok.replication.applier``), in slices."""
+
+    async def caught_up(request: web.Request) -> web.StreamResponse:
+        replication = request.app.get(REPLICATION)
+        applier = replication.current_applier() if replication is not None else None
+        if applier is not None:
+            await applier.catch_up()
+        return await handler(request)
+
+    return caught_up
 
 
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:

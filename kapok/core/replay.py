@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import operator
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from kapok.core import changes as ch
 from kapok.core.broker import Broker
@@ -90,11 +90,18 @@ def apply(broker: Broker, record: ch.Change) -> None:
         broker.restore_seq(record.next_seq)
 
 
-def apply_all(broker: Broker, records: Iterable[ch.Change]) -> int:
+def apply_all(
+    broker: Broker,
+    records: Iterable[ch.Change],
+    other: Callable[[ch.Change], None] | None = None,
+    dropped: Callable[[Message], None] | None = None,
+) -> int:
     """``apply`` every record of ``records`` in order; returns how many. The common record,
     a message published without a dedup id whose code is not known yet, takes the short
     way (recovery replays a million of them): its topic's and groups' objects are looked up
-    once per routing, and the sequence number is restored once at the end."""
+    once per routing, and the sequence number is restored once at the end. A mirror gives
+    ``other``, what it does with every other record, and ``dropped``, what it does with a
+    message published to no group (finished at once)."""
     messages = broker.messages
     routes: dict[tuple[str, tuple[str, ...]], _Route] = {}
     top = -1
@@ -102,13 +109,18 @@ def apply_all(broker: Broker, records: Iterable[ch.Change]) -> int:
     for record in records:
         count += 1
         if type(record) is not ch.Published or record.dedup_id or record.code in messages:
-            apply(broker, record)
+            if other is None:
+                apply(broker, record)
+            else:
+                other(record)
             continue
         route = routes.get((record.topic, record.groups))
         if route is None:
             route = routes[record.topic, record.groups] = _route(broker, record)
         _restore(messages, record, route)
         top = max(top, record.seq)
+        if dropped is not None and not record.groups:
+            dropped(messages[record.code])
     broker.restore_seq(top + 1)
     return count
 
@@ -234,6 +246,11 @@ class Mirror:
             msg = self.broker.messages.get(record.code)
             if msg is not None and not msg.live and msg.finished_at == _finished_at(record):
                 self._retire(msg)
+
+    def apply_all(self, records: Iterable[ch.Change]) -> None:
+        """``apply`` every record of ``records`` in order (a batch of the master's), taking
+        recovery's short way for the common publish."""
+        apply_all(self.broker, records, self.apply, self._retire)
 
     def _retire(self, msg: Message) -> None:
         retain = self.broker.topics[msg.topic].cfg.retain_consumed_s

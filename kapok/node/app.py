@@ -16,6 +16,7 @@ from kapok.cluster.node import GossipNode
 from kapok.config import Config
 from kapok.console import setup_console
 from kapok.node.seams import Seams
+from kapok.replication.applier import UnappliedCollector
 from kapok.replication.link import SyncLink
 from kapok.replication.node import ReplicationNode
 from kapok.server.guard.clients import Clients
@@ -146,6 +147,7 @@ def make_app(
         link_factory=seams.sync_link or SyncLink,
     )
     app.cleanup_ctx.append(sync.replication_ctx)  # after gossip: the first role may depend on it
+    app[REGISTRY].register(UnappliedCollector(app[REPLICATION].current_applier))
     app.on_shutdown.append(_close_connections)
     for table in (
         compat.routes,

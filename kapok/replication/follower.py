@@ -5,11 +5,12 @@ batches under the same LSNs. It says ``hello`` with the end of its log and its e
 history; on ``resume`` it reads on from there, on ``full`` it empties its store, writes
 the streamed snapshot as its own, and recovers from it (first setting aside, for the
 operator, whatever its log held past the point it shares with the leader). Each ``R``
-batch is appended to the WAL as it came and applied to the mirror
-(``kapok.core.replay.Mirror``); the LSN is acked once the WAL says it is durable. On
-``handover`` it waits until everything up to the given LSN is durable, asks its node to
-take over at the given epoch, answers ``promoted``, and ends: a follower never outlives
-its node's following.
+batch is appended to the WAL as it came, undecoded, and queued for the mirror, which
+applies it later (``kapok.replication.applier``: in idle time, or at once past its bound,
+and completely before the node leads); the LSN is acked once the WAL says it is durable.
+On ``handover`` it waits until everything up to the given LSN is durable, asks its node to
+take over at the given epoch (which applies the rest first), answers ``promoted``, and
+ends: a follower never outlives its node's following.
 
 The follower decides nothing about failures: it reports when it last heard from the
 leader (``silent_s``), whether it is in sync (``in_sync``) and the link's state
@@ -48,9 +49,9 @@ import aiohttp
 
 from kapok.clock import loop_time, wait_set
 from kapok.config import ReplicationConfig
-from kapok.core.replay import Mirror
 from kapok.errors import KapokError, ReplicationError, SyncRefusedError
 from kapok.protocol.sync import SNAPSHOT
+from kapok.replication.applier import Applier
 from kapok.replication.link import LinkFactory, SyncLink
 from kapok.replication.protocol import History
 from kapok.replication.session import Append, FollowerSession, HandOver, control, parse_start
@@ -65,7 +66,6 @@ log = logging.getLogger("kapok.replication")
 START_TIMEOUT_S = 30.0
 BACKOFF_S = (0.1, 2.0)  # reconnect delays: first, cap (exponential with full jitter)
 REFUSED_BACKOFF_S = 30.0  # the cap once the leader refused us: a person must act first
-PRUNE_EVERY_S = 1.0
 SPACE_POLL_S = 1.0  # a full disk: how often free space is looked at
 SPACE_MARGIN = 1 << 20  # ...and how much must have been freed before a transfer is tried again
 
@@ -99,9 +99,7 @@ class Host(Protocol):
     def wal(self) -> WriteAheadLog: ...
 
     @property
-    def mirror(self) -> Mirror: ...
-
-    def now(self) -> float: ...
+    def applier(self) -> Applier: ...
 
     def adopt(self, leader: str, epoch: int, history: History, token: str) -> None: ...
 
@@ -304,8 +302,7 @@ class Follower:
     # ------------------------------------------------------------ streaming
 
     async def _receive(self, link: SyncLink, session: FollowerSession) -> None:
-        wal, mirror = self.host.wal, self.host.mirror
-        pruned = loop_time()
+        wal, applier = self.host.wal, self.host.applier  # after a full transfer: the new store's
         while True:
             try:
                 frame = await link.receive(max(session.silence_left(loop_time()), 0.0))
@@ -323,16 +320,11 @@ class Follower:
                     wal.append_encoded(effect.payload, effect.count).add_done_callback(
                         functools.partial(self._made_durable, session, effect.end)
                     )
-                    for record in effect.records:
-                        mirror.apply(record)
+                    applier.journaled(effect)
                 else:
                     await self._hand_over(link, effect)
             if session.catch_up_to != bar:  # the first ping set the bar for in-sync: look now
                 self._ack_wake.set()
-            now = loop_time()  # pings come every heartbeat: an idle mirror is pruned too
-            if now - pruned >= PRUNE_EVERY_S or mirror.over_retention:
-                pruned = now
-                mirror.prune(self.host.now())
 
     async def _hand_over(self, link: SyncLink, handover: HandOver) -> None:
         await self.host.wal.flush()

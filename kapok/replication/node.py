@@ -40,6 +40,7 @@ from kapok.config import Config
 from kapok.core.broker import Broker
 from kapok.core.replay import Mirror
 from kapok.errors import FencedError, NotActiveError, ReplicationError
+from kapok.replication.applier import Applier
 from kapok.replication.follower import Follower
 from kapok.replication.leader import Leader
 from kapok.replication.link import LinkFactory, SyncLink
@@ -113,7 +114,7 @@ class ReplicationNode:
         self.role = Role.STARTING
         self.leader: Leader | None = None
         self.follower: Follower | None = None
-        self._mirror: Mirror | None = None
+        self._applier: Applier | None = None  # the mirror and what is journaled but not applied to it
         self.heartbeat_s = min(1.0, self.cfg.failover_timeout_s / 4)
         # A link with no frame for this long is dead, whatever TCP says (pings flow every
         # heartbeat); a follower never takes over before failover_timeout_s anyway.
@@ -167,10 +168,29 @@ class ReplicationNode:
         return store.wal
 
     @property
-    def mirror(self) -> Mirror:
-        if self._mirror is None or self._mirror.broker is not self.service.broker:
-            self._mirror = Mirror(self.service.broker)
-        return self._mirror
+    def applier(self) -> Applier:
+        """The mirror of the service's broker, applied lazily (``kapok.replication.applier``).
+        A reopened store is another broker: what the old one had queued is in the log the
+        new store recovered, so it starts afresh at the log's end."""
+        applier = self._applier
+        if applier is None or applier.mirror.broker is not self.service.broker:
+            if applier is not None:
+                applier.stop()
+            applier = self._applier = Applier(Mirror(self.service.broker), self.wal.next_lsn, self.now)
+            store: DiskStore = self.service.store
+            if isinstance(store, DiskStore):
+                store.before_snapshot = applier.catch_up  # a snapshot holds the whole log
+            if self.role is Role.FOLLOWER:  # a full transfer reopened the store: go on applying
+                applier.start()
+        return applier
+
+    def current_applier(self) -> Applier | None:
+        """The mirror's applier as it is (None while leading), for the metrics: no side effects."""
+        return self._applier
+
+    def _mirror_whole(self) -> bool:
+        """No batch was skipped because it could not be applied (``Applier.failed``)."""
+        return self._applier is None or self._applier.failed is None
 
     def now(self) -> float:
         return self.service.now()
@@ -345,6 +365,8 @@ class ReplicationNode:
             if follower is not None:
                 await follower.aclose()
         self.follower = self._retired = None
+        if self._applier is not None:  # kept: the shutdown snapshot catches up with it
+            await self._applier.aclose()
         if self.leader is not None:
             self.wal.replica = None
             await self.leader.aclose()
@@ -375,8 +397,14 @@ class ReplicationNode:
             await store.start_archive()
             # At start-up the log is this node's own: its deliveries in flight are a crash's.
             reason = "recovery" if event is Event.LEAD else "takeover"
-            redelivered = self.mirror.promote(self.now(), reason)
-            self._mirror = None
+            applier = self.applier
+            unapplied = applier.records
+            await applier.catch_up()  # and nothing awaited from here to the promotion
+            redelivered = applier.mirror.promote(self.now(), reason)
+            self._applier = None
+            applier.stop()
+            if unapplied:
+                log.info("applied %d journaled records before leading", unapplied)
             self.service.resumed()
             log.warning(
                 "now the active master (%s): epoch %d from LSN %d, %d deliveries requeued",
@@ -398,7 +426,7 @@ class ReplicationNode:
             await self.service.reopen(DiskStore(self.service.config.storage), mirror=True)
         elif self.follower is not None or self._retired is not None:
             await self._stop_drivers()
-        self._mirror = None
+        self.applier.start()  # the state as replayed is the mirror now
         if self.state.leading:
             self._save(self.state.with_role(False))
         log.warning("following %s (%s)", url, why)
@@ -552,7 +580,7 @@ class ReplicationNode:
                 and leader.session.state.ask_back
             ),
             partner_caught_up=leader is not None and leader.caught_up(),
-            in_sync=follower is not None and follower.in_sync,
+            in_sync=follower is not None and follower.in_sync and self._mirror_whole(),
             partner_alone=row is not None and row.meta.alone_since is not None,
             alone=self.alone_since is not None,
             sync_mode=self.cfg.mode == "sync",
@@ -581,7 +609,7 @@ class ReplicationNode:
             follower = self.follower
             if self.role is not Role.FOLLOWER or follower is None:
                 raise ReplicationError(f"{self.name} is not following: there is nothing to promote")
-            if not follower.in_sync and not force:
+            if not (follower.in_sync and self._mirror_whole()) and not force:
                 raise ReplicationError(
                     f"{self.name} was not in sync with its master: promoting it may lose confirmed writes "
                     "(use --force to accept that)"

@@ -16,9 +16,11 @@ test_sessions.py``), the way h11 tests two connections against each other.
   epoch; the pairing is recorded at the first ack (the follower acks only once it has stored
   the token).
 - ``FollowerSession``: ``receive`` checks each records frame against the log's end (no
-  gap, the count the frame claims) and answers ``Append``; a ``handover`` at the log's end
-  answers ``HandOver``. ``outgoing`` acks what the WAL made durable and pings every
-  heartbeat. It is *caught up* once it has acked the leader's log end as of the first ping.
+  gap) and answers ``Append``, without decoding the batch (the follower journals it as it
+  came and applies it later: ``kapok.replication.applier``, which checks the count); a
+  ``handover`` at the log's end answers ``HandOver``. ``outgoing`` acks what the WAL made
+  durable and pings every heartbeat. It is *caught up* once it has acked the leader's log
+  end as of the first ping.
 - Both ends call a link *stalled* after ``stall_s`` without a frame (a TCP connection that
   stalled still looks open).
 """
@@ -30,13 +32,11 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from kapok.core.changes import Change
 from kapok.errors import ReplicationError, SyncRefusedError
 from kapok.protocol.sync import RECORDS, decode_records, encode_records, get_int, get_str
 from kapok.replication.backlog import Backlog
 from kapok.replication.protocol import History, history_from_json
 from kapok.replication.state import PairState
-from kapok.storage.records import decode_payload
 
 __all__ = [
     "Acked",
@@ -101,12 +101,11 @@ class Promoted:
 
 @dataclass(frozen=True, slots=True)
 class Append:
-    """Follower: write this batch to the WAL as it came, and apply its records."""
+    """Follower: write this batch to the WAL as it came, and queue it for the mirror."""
 
     first_lsn: int
     count: int
     payload: bytes
-    records: list[Change]
 
     @property
     def end(self) -> int:
@@ -331,12 +330,8 @@ class FollowerSession:
             first, count, view = decode_records(frame)
             if first != self.expected:
                 raise Violation(f"records from LSN {first}, but our log ends at {self.expected}")
-            payload = bytes(view)
-            records = decode_payload(payload)
-            if len(records) != count:
-                raise Violation(f"a batch said {count} records and held {len(records)}")
             self.expected = first + count
-            return [Append(first, count, payload, records)]
+            return [Append(first, count, bytes(view))]
         op = frame["op"]
         if op == "ping":
             lag = frame.get("lag")

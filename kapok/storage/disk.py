@@ -33,7 +33,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -85,6 +85,9 @@ class DiskStore:
         self.space = SpaceWatch(root, cfg.min_free_bytes, self.wal)
         self._fsync = fsync
         self._broker: Broker | None = None
+        # Brings the state up to the log's end (a slave applies its master's records lazily:
+        # ``kapok.replication.applier``); it returns in the loop turn the snapshot is cut in.
+        self.before_snapshot: Callable[[], Awaitable[None]] | None = None
         self._snapshot_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kapok-snapshot")
         self._snapshot_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -249,6 +252,8 @@ class DiskStore:
         async with self._snapshot_lock:
             loop = asyncio.get_running_loop()
             started = time.perf_counter()
+            if self.before_snapshot is not None:
+                await self.before_snapshot()  # nothing awaited from here to the cut
             lsn = self.wal.cut()
             writer = await loop.run_in_executor(
                 self._snapshot_thread, SnapshotWriter, self.snapshot_dir, lsn, self._fsync

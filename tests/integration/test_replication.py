@@ -18,9 +18,10 @@ from tests.integration.conftest import Start
 from kapok.config import load_config
 from kapok.replication.leader import UNPAIRED_BACKLOG_BYTES
 from kapok.replication.protocol import Role
-from kapok.storage.disk import begin_transfer, install_transfer
+from kapok.storage.disk import DiskStore, begin_transfer, install_transfer
 from kapok.storage.records import encode_end
 from kapok.testing import eventually
+from kapok.testing.console import ConsoleClient, cookie_jar
 from kapok.testing.inprocess import RunningApp
 from kapok.testing.slow import scaled
 
@@ -53,6 +54,13 @@ async def publish(session: aiohttp.ClientSession, node: RunningApp, *datas: str,
         return await resp.json()
 
 
+async def mirrored(slave: RunningApp) -> set[str]:
+    """The codes a slave's mirror holds once it has applied everything it journaled (it acks
+    batches once they are durable, and applies them later: ``kapok.replication.applier``)."""
+    await slave.replication.applier.catch_up()
+    return set(slave.broker.messages)
+
+
 @pytest.fixture
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as s:
@@ -66,7 +74,8 @@ async def test_a_slave_mirrors_every_message_and_refuses_clients(
     assert master.replication.state.partner == "s" and slave.replication.state.partner == "m"
     codes = (await publish(session, master, "a", "b", "c"))["codes"]
     # Sync mode: the confirmation came after the slave's durable ack, so it holds them all.
-    assert all(code in slave.broker.messages for code in codes)
+    assert slave.replication.wal.next_lsn == master.replication.wal.next_lsn
+    assert set(codes) <= await mirrored(slave)
     assert slave.replication.role is Role.FOLLOWER and not slave.replication.active
     body = await publish(session, slave, "x", expect=503)
     assert body["error"] == "not_active" and master.url in body["message"]
@@ -151,7 +160,7 @@ async def test_a_returning_slave_resumes_from_the_backlog(
     )
     await eventually(lambda: leader.link_up and leader.caught_up(), timeout_s=T, what="the slave catching up")
     assert leader.resumes == 2 and leader.full_transfers == 0
-    assert all(code in slave.broker.messages for code in missed)
+    assert set(missed) <= await mirrored(slave)
 
 
 async def test_a_node_alone_keeps_little_log_in_memory_until_a_slave_pairs(
@@ -191,8 +200,12 @@ async def test_a_slave_out_of_the_backlog_gets_a_full_transfer(
     assert leader is not None
     await eventually(lambda: leader.link_up and leader.caught_up(), timeout_s=T, what="the slave catching up")
     assert leader.full_transfers == 1 and leader.resumes == 1
-    assert all(code in slave.broker.messages for code in codes)
+    assert set(codes) <= await mirrored(slave)
     assert leader.backlog.bytes <= 65536 + len(big) * 10 + 1000
+    # The store the transfer reopened has an applier of its own, applying in idle time too.
+    await publish(session, master, "after")
+    await eventually(lambda: leader.caught_up(), timeout_s=T, what="the slave's ack")
+    await eventually(lambda: slave.replication.applier.records == 0, timeout_s=T, what="idle applying")
 
 
 async def test_acks_and_deletes_reach_the_mirror(start: Start, session: aiohttp.ClientSession) -> None:
@@ -218,6 +231,34 @@ async def test_acks_and_deletes_reach_the_mirror(start: Start, session: aiohttp.
     await eventually(leader.caught_up, timeout_s=T, what="the slave's ack of the last LSN")
     assert slave.replication.wal.next_lsn == master.replication.wal.next_lsn
     assert leader.full_transfers == 0
+
+
+async def test_a_slaves_console_applies_what_it_journaled_before_it_shows_the_state(start: Start) -> None:
+    master, slave = await pair(start)
+    applier = slave.replication.applier
+    await applier.aclose()  # no idle time: only the console's catch-up applies now
+    async with aiohttp.ClientSession(cookie_jar=cookie_jar()) as http:
+        await publish(http, master, "a", "b", "c")
+        assert applier.records >= 3 and slave.broker.messages == {}  # acked, journaled, not applied
+        console = ConsoleClient(http, slave.url)
+        assert (await console.log_in(SECRET)).status == 303
+        overview = await console.json("/console/api/overview")
+    assert overview["counts"]["held"] == 3 and applier.records == 0
+
+
+async def test_a_slaves_snapshot_holds_every_record_before_its_lsn(
+    start: Start, session: aiohttp.ClientSession
+) -> None:
+    master, slave = await pair(start)
+    applier = slave.replication.applier
+    await applier.aclose()  # no idle time: only the snapshot's catch-up applies now
+    codes = (await publish(session, master, "a", "b"))["codes"]
+    assert applier.records >= 2
+    store = slave.service.store
+    assert isinstance(store, DiskStore)
+    await store.snapshot()  # cut at the log's end: the state it writes must hold all before it
+    assert applier.records == 0 and set(codes) <= set(slave.broker.messages)
+    assert store.snapshots == 1
 
 
 async def test_a_paired_master_refuses_another_slave(start: Start) -> None:

@@ -20,7 +20,7 @@ PURE_FILES = sorted(
             PACKAGE / "cluster" / f"{name}.py"
             for name in ("broadcasts", "codec", "config", "membership", "messages", "suspicion", "swim")
         ),
-        *(PACKAGE / "replication" / f"{name}.py" for name in ("backlog", "protocol", "session")),
+        *(PACKAGE / "replication" / f"{name}.py" for name in ("backlog", "protocol", "session", "unapplied")),
         PACKAGE / "errors.py",
         *(PACKAGE / "config").glob("*.py"),
     ]
@@ -34,6 +34,7 @@ PURE_MODULES = [
     "kapok.config",
     "kapok.cluster.swim",
     "kapok.replication.session",
+    "kapok.replication.unapplied",
 ]
 BANNED = {"asyncio", "socket", "aiohttp", "time", "random", "threading", "selectors"}
 

@@ -88,6 +88,25 @@ def test_a_mirror_applies_a_masters_records_and_forgets_what_retention_lets_go()
     assert [e.msg.code for e in copy.take_pushes()[consumer.id]] == [codes[1]]
 
 
+def test_a_mirror_applies_a_batch_as_it_applies_its_records_one_by_one() -> None:
+    settings = Config.default().mq.settings()
+    master = Broker(settings, journal=True)
+    master.publish([Draft("jobs", b"a"), Draft("jobs", b"b", dedup_id="d"), Draft("news", b"c")], T0)
+    [lease] = master.pull("jobs", None, 1, 30.0, T0 + 1)
+    master.settle_in_group("jobs", None, [lease.msg.code], Settle.ACK, T0 + 2)
+    master.publish([Draft("jobs", b"a again")], T0 + 3)
+    records = master.take_changes()
+    one_by_one, batched = Mirror(Broker(settings)), Mirror(Broker(settings))
+    for record in records:
+        one_by_one.apply(record)
+    batched.apply_all(records)
+    for mirror in (one_by_one, batched):
+        assert set(mirror.broker.messages) == set(master.messages)
+        assert mirror.broker.next_seq == master.next_seq
+    retain = settings.topic("jobs").retain_consumed_s
+    assert one_by_one.prune(T0 + 3 + retain) == batched.prune(T0 + 3 + retain) == 1
+
+
 def test_applying_records_writes_none_of_its_own() -> None:
     """A slave's WAL must stay its master's, LSN for LSN: new topics and groups met while
     replaying must not add records (they did: every p2p topic's default group)."""
