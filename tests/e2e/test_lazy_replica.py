@@ -16,7 +16,7 @@ import pytest
 
 from kapok.launch import get_json, stop_all, wait_for
 from kapok.testing.nodehttp import drain, metric, publish
-from kapok.testing.pair import start_pair
+from kapok.testing.pair import start_pair, state_of
 from kapok.testing.slow import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -38,6 +38,7 @@ def test_a_slave_promoted_with_records_unapplied_serves_every_confirmed_message(
     try:
         confirmed: list[str] = []
         unapplied_seen = 0.0
+        state_seen = 0  # the same, as /replication/state tells it
         for b in range(BATCHES):
             datas = [f"m{b}-{i}" for i in range(BATCH)]
             status, _ = publish(master.url, *datas)
@@ -45,12 +46,15 @@ def test_a_slave_promoted_with_records_unapplied_serves_every_confirmed_message(
             confirmed += datas
             # Right after a confirmation the slave has journaled the batch; it applies it
             # only once its link has been quiet (or past its bound).
+            state_seen = max(state_seen, state_of(slave)["unapplied"]["records"])
             unapplied_seen = max(unapplied_seen, metric(slave.url, "kapok_replication_unapplied_records"))
         assert unapplied_seen > 0, "the slave applied every batch before it acked it"
+        assert state_seen > 0
         master.kill()
         assert _promote(slave.url) == 200  # at once: what is still unapplied is applied first
         wait_for(lambda: bool((get_json(slave.url, "/health") or {}).get("active")), scaled(30.0), 0.05)
         assert metric(slave.url, "kapok_replication_unapplied_records", -1) == 0
+        assert state_of(slave)["unapplied"] == {"records": 0, "bytes": 0}
         served = [m["data"] for m in drain(slave.url)]
         assert sorted(served) == sorted(confirmed)  # each once: the leader had delivered none
         assert "Traceback" not in slave.output

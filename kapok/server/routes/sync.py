@@ -59,6 +59,8 @@ def pair_state(node: ReplicationNode) -> dict[str, Any]:
     state, lag = node.state, node.lag()
     leader = node.leader
     link_up = node.follower.link_up if node.follower is not None else leader is not None and leader.link_up
+    applier = node.current_applier()  # a slave's: what it journaled and has not applied yet
+    unapplied = (applier.queue.records, applier.queue.bytes) if applier is not None else (0, 0)
     return {
         "node": node.name,
         "role": node.role.value,
@@ -76,6 +78,7 @@ def pair_state(node: ReplicationNode) -> dict[str, Any]:
         "in_sync": node.follower.in_sync if node.follower is not None else None,
         "lag": None if lag is None else {"records": lag[0], "bytes": lag[1], "seconds": lag[2]},
         "backlog_bytes": leader.backlog.bytes if leader is not None else 0,
+        "unapplied": {"records": unapplied[0], "bytes": unapplied[1]},
     }
 
 
