@@ -112,6 +112,11 @@ class Broker:
         self.topics: dict[str, Topic] = {}
         self.consumers: dict[int, Consumer] = {}
         self.messages: dict[str, Message] = {}  # live and retained, by code
+        # Whether ``messages`` was filled in sequence order (the highest sequence number in
+        # it so far is ``top_seq``): recovery then resumes it as it is, without sorting a
+        # million messages by a number read back from each code (``replay.finish_recovery``).
+        self.in_seq_order = True
+        self.top_seq = -1
         # Live messages' payload bytes + MESSAGE_OVERHEAD_BYTES each: what
         # mq.max_backlog_bytes limits (Admission), whatever the topic.
         self.backlog_bytes = 0
@@ -279,6 +284,10 @@ class Broker:
             status=status if groups else Status.DROPPED, own_code=True,
         )  # fmt: skip
         self.messages[code] = msg
+        if seq > self.top_seq:
+            self.top_seq = seq
+        else:
+            self.in_seq_order = False
         self.stats.published += 1
         if len(groups) > 1:
             msg.route(groups[1:], status)  # the message itself is the entry of the first

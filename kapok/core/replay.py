@@ -50,7 +50,7 @@ def apply(broker: Broker, record: ch.Change) -> None:
         if record.dedup_id:  # even if the message is deleted later, its id stays taken
             broker.admission.dedup.add(record.topic, record.dedup_id, record.code, record.create_time)
         if record.code not in messages:
-            _restore(messages, record, _route(broker, record))
+            _restore(broker, record, _route(broker, record))
     elif isinstance(record, ch.Delivered):
         entry = _entry(broker, record.code, record.group)
         if entry is not None and not entry.status.final:
@@ -117,7 +117,7 @@ def apply_all(
         route = routes.get((record.topic, record.groups))
         if route is None:
             route = routes[record.topic, record.groups] = _route(broker, record)
-        _restore(messages, record, route)
+        _restore(broker, record, route)
         top = max(top, record.seq)
         if dropped is not None and not record.groups:
             dropped(messages[record.code])
@@ -136,7 +136,7 @@ def _route(broker: Broker, record: ch.Published) -> _Route:
     return topic.name, groups, groups[0] if groups else topic.no_group()
 
 
-def _restore(messages: dict[str, Message], record: ch.Published, route: _Route) -> None:
+def _restore(broker: Broker, record: ch.Published, route: _Route) -> None:
     """The message of ``record`` (a code not known yet), entries ready in each group."""
     name, groups, first = route
     # Decoded records hold fresh objects per message. Names come from the broker's own
@@ -153,7 +153,12 @@ def _restore(messages: dict[str, Message], record: ch.Published, route: _Route) 
         msg.route(groups[1:], Status.READY)
     elif not groups:
         msg.finished_at = create_time
-    messages[record.code] = msg
+    broker.messages[record.code] = msg
+    seq = record.seq
+    if seq > broker.top_seq:
+        broker.top_seq = seq
+    else:
+        broker.in_seq_order = False
 
 
 def _entry(broker: Broker, code: str, group: str) -> Entry | None:
@@ -171,7 +176,10 @@ def finish_recovery(broker: Broker, now: float, reason: str = "recovery") -> int
     claim (``kapok.core.claims``) is not: it stays in flight under its claim, with a fresh
     lease of the claim's length, for its reader to fetch again and ack."""
     broker.admission.dedup.expire(now)
-    redelivered = broker.resume_all(sorted(broker.messages.values(), key=_SEQ), now, reason)
+    # A copy either way: ``resume_all`` forgets finished messages whose retention is over.
+    messages = broker.messages.values()
+    ordered = list(messages) if broker.in_seq_order else sorted(messages, key=_SEQ)
+    redelivered = broker.resume_all(ordered, now, reason)
     broker.resume_claims(now)
     broker.dispatch(now)
     return redelivered
