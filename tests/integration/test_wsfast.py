@@ -23,7 +23,7 @@ from kapok.server.keys import CONNECTIONS
 from kapok.server.routes import compat
 from kapok.server.ws.base import frame_limit
 from kapok.server.ws.frames import BINARY, CLOSE, PING, PONG, TEXT, close_payload
-from kapok.server.ws.socket import ServerSocket
+from kapok.server.ws.socket import Sends, ServerSocket
 from kapok.testing import eventually
 from kapok.testing.slow import scaled
 from kapok.testing.wsraw import client_frame as frame
@@ -233,9 +233,9 @@ async def test_reading_pauses_while_replies_wait_and_resumes(
     holds: list[int] = []
     original = ServerSocket._hold
 
-    def spy(self: ServerSocket) -> None:
+    def spy(self: ServerSocket, sends: Sends) -> None:
         holds.append(1)
-        original(self)
+        original(self, sends)
 
     monkeypatch.setattr(ServerSocket, "_hold", spy)
     node = await make_node("server.send_queue_max_bytes=16")

@@ -73,7 +73,7 @@ class _Batch(Generic[T]):
 
 
 class _Publisher(_Batch[Draft]):
-    """Publishes a producer's frames of one loop turn together. Each frame still gets its
+    """Publishes a producer's frames of one socket read together. Each frame still gets its
     own reply, in order: a batch the broker refuses (it refuses whole batches: a limit, a
     rate) is retried frame by frame, which gives every frame the answer it would have had
     alone."""
@@ -154,7 +154,7 @@ async def producer_ws(request: web.Request) -> web.StreamResponse:
         client = clients.add(info)
         publisher = _Publisher(service, clients, outbox, service.config.server.max_batch, topic, producer_id)
         try:
-            ws.deliver(publisher.feed, lambda: outbox.full, outbox.wait_writable)
+            ws.deliver(publisher.feed, outbox)
             await ws.wait_closed()
         finally:
             clients.remove(client)
@@ -197,7 +197,7 @@ async def consumer_ws(request: web.Request) -> web.StreamResponse:
         client = clients.add(info)
         acker = _Acker(service, clients, consumer.id, service.config.server.max_batch)
         try:
-            ws.deliver(acker.feed, lambda: outbox.full, outbox.wait_writable)
+            ws.deliver(acker.feed, outbox)
             await ws.wait_closed()
         finally:
             clients.remove(client)

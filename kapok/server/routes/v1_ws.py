@@ -279,7 +279,7 @@ async def native_ws(request: web.Request) -> web.StreamResponse:
         info.client_id = info.client_id or _connection_name(client, request)
         conn = NativeConnection(service, clients, outbox, info)
         try:
-            ws.deliver(conn.feed, lambda: outbox.full, outbox.wait_writable)
+            ws.deliver(conn.feed, outbox)
             await ws.wait_closed()
         finally:
             clients.remove(client)

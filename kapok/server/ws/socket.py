@@ -11,8 +11,8 @@ the path of a message: KapokMQ clients send one small frame per message and per 
 Reading has two modes. Until the route calls ``deliver``, data messages wait for
 ``receive`` (aiohttp's shape: the KapokMQ key exchange, the replication link). After it,
 the text and binary payloads of each socket read go to the route's handler at once, as one
-list, in order; while the route's ``full`` test holds, the socket is not read until its
-``writable`` returns.
+list, in order; while the route's send queue is full, the socket is not read until it has
+room again.
 
 The socket itself answers pings, fails the connection on a violation (a close frame with
 the reader's code, then the transport closes: 1002, 1007, 1009, as aiohttp did), answers
@@ -28,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from typing import Protocol
 
 from aiohttp import WSMessage, WSMsgType, web
 
@@ -44,12 +45,22 @@ from kapok.server.ws.frames import (
     server_frame,
 )
 
-__all__ = ["Handler", "ServerSocket"]
+__all__ = ["Handler", "Sends", "ServerSocket"]
 
 log = logging.getLogger("kapok.server")
 
 Handler = Callable[[list[str | bytes]], None]
 """Takes the data messages of one socket read, in order: text as ``str``, binary as ``bytes``."""
+
+
+class Sends(Protocol):
+    """A route's send queue (``kapok.server.ws.outbox.Outbox``), as reading sees it."""
+
+    @property
+    def full(self) -> bool: ...
+
+    async def wait_writable(self) -> None: ...
+
 
 ABNORMAL = 1006  # §7.4.1: the connection ended without a close frame (never sent)
 _CLOSED = WSMessage(WSMsgType.CLOSED, None, None)
@@ -77,8 +88,7 @@ class ServerSocket(asyncio.Protocol):
         self._inbox: collections.deque[Message] = collections.deque()  # read, not received yet
         self._waiter: asyncio.Future[None] | None = None  # a receive() waiting for the inbox
         self._handler: Handler | None = None
-        self._full: Callable[[], bool] = bool
-        self._writable: Callable[[], Awaitable[None]] | None = None
+        self._sends: Sends | None = None  # the route's send queue: reading waits while it is full
         self._release: asyncio.Task[None] | None = None  # resumes reading once writable
         self._writing_paused = False
         self._drainers: list[asyncio.Future[None]] = []
@@ -168,21 +178,17 @@ class ServerSocket(asyncio.Protocol):
             # a pong: the bytes were heard, which is all the heartbeat asks
         if payloads and handler is not None:
             handler(payloads)
-            if self._full():
-                self._hold()
+            self._hold_if_full()
 
-    def deliver(
-        self, handler: Handler, full: Callable[[], bool], writable: Callable[[], Awaitable[None]]
-    ) -> None:
+    def deliver(self, handler: Handler, sends: Sends) -> None:
         """From now on give every data message to ``handler``, those read already first;
-        stop reading while ``full()`` until ``writable()`` returns."""
-        self._handler, self._full, self._writable = handler, full, writable
+        stop reading while ``sends`` is full, until it is writable again."""
+        self._handler, self._sends = handler, sends
         if self._inbox:
             waiting = [payload for _, payload in self._inbox]
             self._inbox.clear()
             handler(waiting)  # type: ignore[arg-type]
-            if full():
-                self._hold()
+            self._hold_if_full()
 
     def stop(self) -> None:
         """The route is done with the connection: no more messages for its handler."""
@@ -217,16 +223,21 @@ class ServerSocket(asyncio.Protocol):
         self._handler = None
         self._wake()
 
-    def _hold(self) -> None:
-        """Stop reading the socket until the route's ``writable`` returns."""
-        if self._release is not None or self._writable is None or self._lost:
+    def _hold_if_full(self) -> None:
+        sends = self._sends
+        if sends is not None and sends.full:
+            self._hold(sends)
+
+    def _hold(self, sends: Sends) -> None:
+        """Stop reading the socket until the route's send queue is writable again."""
+        if self._release is not None or self._lost:
             return
         self.transport.pause_reading()
-        self._release = self._loop.create_task(self._resume(self._writable))
+        self._release = self._loop.create_task(self._resume(sends))
 
-    async def _resume(self, writable: Callable[[], Awaitable[None]]) -> None:
+    async def _resume(self, sends: Sends) -> None:
         try:
-            await writable()
+            await sends.wait_writable()
         finally:
             self._release = None
         if not self._lost and not self.transport.is_closing():
