@@ -284,10 +284,7 @@ class Broker:
             status=status if groups else Status.DROPPED, own_code=True,
         )  # fmt: skip
         self.messages[code] = msg
-        if seq > self.top_seq:
-            self.top_seq = seq
-        else:
-            self.in_seq_order = False
+        self.top_seq = seq  # above every replayed one: replay restores ``_seq`` past them
         self.stats.published += 1
         if len(groups) > 1:
             msg.route(groups[1:], status)  # the message itself is the entry of the first
