@@ -17,7 +17,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kapok.bench.proc import cpu_s, rss_bytes
@@ -31,12 +31,23 @@ START_TIMEOUT_S = 120.0  # a restart may replay a long WAL
 
 def wait_health(http_url: str, timeout_s: float) -> bool:
     """Poll ``GET /health`` until it answers 200; False when ``timeout_s`` passes first."""
+    return _poll(http_url + "/health", timeout_s, lambda status: status == 200)
+
+
+def _poll(
+    url: str, timeout_s: float, good: Callable[[int], bool], running: Callable[[], bool] = lambda: True
+) -> bool:
+    """Poll ``GET url`` until its status is ``good``, while ``running``; False when
+    ``timeout_s`` passes first (or ``running`` stops being true)."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and running():
         try:
-            with urllib.request.urlopen(http_url + "/health", timeout=2.0) as resp:
-                if resp.status == 200:
+            with urllib.request.urlopen(url, timeout=2.0) as resp:
+                if good(resp.status):
                     return True
+        except urllib.error.HTTPError as exc:
+            if good(exc.code):
+                return True
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(0.01)
@@ -96,7 +107,8 @@ class PeerProcess(RemoteNode):
             stderr=subprocess.DEVNULL,
         )
         self._pid = self.proc.pid
-        if not _answers(self.http_url, timeout_s, self.proc):
+        # Any answer will do: the peer's own routes, not Kapok's /health.
+        if not _poll(self.http_url + "/", timeout_s, lambda status: True, lambda: self.proc.poll() is None):
             self.close()
             raise RuntimeError(f"--peer-cmd: no answer at {self.http_url} within {timeout_s:.0f} s")
 
@@ -112,20 +124,6 @@ class PeerProcess(RemoteNode):
                 self.proc.wait(wait_s)
             except subprocess.TimeoutExpired:
                 continue
-
-
-def _answers(http_url: str, timeout_s: float, proc: subprocess.Popen[bytes]) -> bool:
-    """Poll ``http_url`` until it answers with any HTTP status, while ``proc`` runs."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with urllib.request.urlopen(http_url + "/", timeout=2.0):
-                return True
-        except urllib.error.HTTPError:
-            return True
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.05)
-    return False
 
 
 class LocalNode(Node):
