@@ -51,7 +51,7 @@ async def analytics_data(app: web.Application) -> dict[str, Any]:
     if chosen is not None:
         data = analytics.from_summary(chosen.summary, now)
     else:
-        data = analytics.from_messages(reversed(service.broker.messages.values()), now)
+        data = analytics.from_messages(service.broker.messages.newest_first(), now)
     data["path"] = str(path)  # where this node looks for its own
     data["problem"] = problem
     data["is_summary"] = chosen is not None

@@ -43,9 +43,11 @@ from dataclasses import dataclass
 from kapok.core import changes as ch
 from kapok.core.admission import MESSAGE_OVERHEAD_BYTES, Admission
 from kapok.core.claims import Claim, Claims
+from kapok.core.index import MessageIndex
 from kapok.core.model import (
     NO_ROOM_LIMIT,
     PUSH_OVERHEAD_BYTES,
+    CodeHead,
     CodeMaker,
     Consumer,
     Draft,
@@ -64,6 +66,9 @@ from kapok.errors import BadRequestError, NotFoundError, SubscriptionError
 __all__ = ["Broker", "Draft", "Settle", "Stats"]
 
 MAX_NAME_CHARS = 255
+# Up to this many messages ready in its group, a message published keeps its code whole (at
+# most ~1 MB a group): it is soon delivered, and its code read again (push, ack, records).
+KEEP_CODES_QUEUED = 10_000
 _READY, _DELAYED, _INFLIGHT = Status.READY, Status.DELAYED, Status.INFLIGHT
 
 
@@ -111,12 +116,7 @@ class Broker:
         self.stats = Stats()
         self.topics: dict[str, Topic] = {}
         self.consumers: dict[int, Consumer] = {}
-        self.messages: dict[str, Message] = {}  # live and retained, by code
-        # Whether ``messages`` was filled in sequence order (the highest sequence number in
-        # it so far is ``top_seq``): recovery then resumes it as it is, without sorting a
-        # million messages by a number read back from each code (``replay.finish_recovery``).
-        self.in_seq_order = True
-        self.top_seq = -1
+        self.messages = MessageIndex()  # live and retained, by code, in sequence order
         # Live messages' payload bytes + MESSAGE_OVERHEAD_BYTES each: what
         # mq.max_backlog_bytes limits (Admission), whatever the topic.
         self.backlog_bytes = 0
@@ -237,13 +237,13 @@ class Broker:
         store = self._store
         slots = admitted.slots
         if slots is None:  # the common batch: no dedup ids, store every draft
-            out = [store(topics[d.topic], d, d.headers, now, prefix).code for d in drafts]
+            out = [store(topics[d.topic], d, d.headers, now, prefix) for d in drafts]
         else:
             out = []
             remembered = []
             for d, slot in zip(drafts, slots, strict=True):
                 if slot is None:
-                    code = store(topics[d.topic], d, d.headers, now, prefix).code
+                    code = store(topics[d.topic], d, d.headers, now, prefix)
                     if d.dedup_id:
                         remembered.append(((d.topic, d.dedup_id), code))
                 else:
@@ -259,9 +259,10 @@ class Broker:
         return out
 
     def _store(
-        self, topic: Topic, d: Draft, headers: dict[str, str] | None, now: float, prefix: str
-    ) -> Message:
-        """Store one message; ``prefix`` is ``code_prefix`` of ``now`` (computed once per batch)."""
+        self, topic: Topic, d: Draft, headers: dict[str, str] | None, now: float, prefix: CodeHead
+    ) -> str:
+        """Store one message and return its code; ``prefix`` is ``code_prefix`` of ``now``
+        (computed once per batch)."""
         seq = self._seq
         self._seq = seq + 1
         code = self._codes.code(prefix, seq)
@@ -278,13 +279,15 @@ class Broker:
         delayed = deliver_at > now
         status = _DELAYED if delayed else _READY
         groups = topic.group_list
+        # A message that will wait (behind many others, or for its time) keeps the head of its
+        # code, not the code: see CodeHead. One delivered soon keeps the code it has already.
+        waits = delayed or not groups or groups[0].ready_count >= KEEP_CODES_QUEUED
         msg = Message(
-            seq, code, topic.name, d.data, key, d.priority, now, deliver_at, expire_at, d.producer_id,
-            d.dedup_id, headers, group=groups[0] if groups else topic.no_group(),
-            status=status if groups else Status.DROPPED, own_code=True,
+            seq, prefix if waits else code, d.data, key, d.priority, now, deliver_at, expire_at,
+            d.producer_id, d.dedup_id, headers, group=groups[0] if groups else topic.no_group(),
+            status=status if groups else Status.DROPPED,
         )  # fmt: skip
-        self.messages[code] = msg
-        self.top_seq = seq  # above every replayed one: replay restores ``_seq`` past them
+        self.messages.published(msg)
         self.stats.published += 1
         if len(groups) > 1:
             msg.route(groups[1:], status)  # the message itself is the entry of the first
@@ -305,7 +308,7 @@ class Broker:
         if not groups:
             self.stats.unrouted += 1
             self._complete(msg, topic, now, counted=False)
-            return msg
+            return code
         topic.live_count += 1
         topic.live_bytes += len(d.data)
         self.backlog_bytes += len(d.data) + MESSAGE_OVERHEAD_BYTES
@@ -316,7 +319,7 @@ class Broker:
             self.timers.delay(msg)
         if expire_at:
             self.timers.expire(msg)
-        return msg
+        return code
 
     def _enforce_limits(self, topic: Topic, now: float) -> None:
         cfg = topic.cfg
@@ -661,7 +664,7 @@ class Broker:
     # ------------------------------------------------------------ console operations
 
     def delete(self, code: str, now: float) -> bool:
-        msg = self.messages.pop(code, None)
+        msg = self.messages.pop(code)
         if msg is None:
             return False
         if msg.live:
@@ -714,10 +717,9 @@ class Broker:
         for msg in timers.pop_expired(now):
             if msg.live:
                 self._end_message(msg, Status.EXPIRED, "ttl", now)
-        messages = self.messages
+        discard = self.messages.discard
         for msg in timers.pop_forgotten(now):
-            if messages.get(msg.code) is msg:  # not deleted meanwhile
-                del messages[msg.code]
+            discard(msg)  # unless deleted meanwhile
             msg.forget()
         self.admission.dedup.expire(now)
         self._dispatch(now)
@@ -865,7 +867,7 @@ class Broker:
         if retain > 0 and until > now:
             self.timers.retain(msg, until, retain)
         else:
-            del self.messages[msg.code]
+            self.messages.discard(msg)
 
     def dispatch(self, now: float) -> None:
         """Deliver what became deliverable (after ``resume``)."""
@@ -887,6 +889,7 @@ class Broker:
         """Hand ready entries of ``group`` to its consumers, as far as their credit goes."""
         pushes = self._pushes
         changes = self._changes if self.journal else None
+        topic_name = group.topic.name
         consumer: Consumer | None = None
         out: list[Entry] = []
         held: dict[str, Entry] = {}
@@ -907,7 +910,8 @@ class Broker:
             entry.last_delivered_at = now
             entry.consumer = c
             msg = entry.msg
-            held[msg.code] = entry
+            code = msg.delivered_code()
+            held[code] = entry
             c.room -= len(msg.data) + PUSH_OVERHEAD_BYTES
             if deadlines is not None and timed is not None:
                 entry.deadline = deadline
@@ -919,7 +923,7 @@ class Broker:
             if attempts > 1:
                 redelivered += 1
             if changes is not None:  # the consumer's name: a reference, not a copy
-                changes.append(ch.Delivered(msg.code, msg.topic, group.name, attempts, now, "", 0.0, c.name))
+                changes.append(ch.Delivered(code, topic_name, group.name, attempts, now, "", 0.0, c.name))
         self.stats.delivered += delivered
         self.stats.redelivered += redelivered
 
@@ -963,10 +967,11 @@ class Broker:
         entry.deadline = now  # = settled_at, see Entry
         entry.consumer = None
         msg = entry.msg
+        group = entry.group
         if self.journal:
-            self._changes.append(ch.Settled(msg.code, msg.topic, entry.group.name, status.text, reason, now))
+            self._changes.append(ch.Settled(msg.code, group.topic.name, group.name, status.text, reason, now))
         if msg.status.final and (not msg.more or msg.settled()):
-            self._complete(msg, entry.group.topic, now)
+            self._complete(msg, group.topic, now)
 
     def _end_message(self, msg: Message, status: Status, reason: str, now: float) -> None:
         """Finish every open entry of ``msg`` at once (TTL, overflow, console delete)."""
@@ -1005,10 +1010,10 @@ class Broker:
         retain = topic.cfg.retain_consumed_s
         if retain > 0 and self.settings.retain_consumed_max > 0:
             self.timers.retain(msg, now + retain, retain)
-        elif self.messages.pop(msg.code, None) is not None:
+        elif self.messages.discard(msg):
             msg.forget()
 
     # ------------------------------------------------------------ views
 
     def iter_messages(self) -> Iterator[Message]:
-        return iter(self.messages.values())
+        return self.messages.values()

@@ -6,13 +6,14 @@ subscriber's ack can never complete the message for another group (the
 KapokMQ pub/sub bug). The message is *finished* when no entry is open.
 
 Memory is the constraint that shapes these classes: a node keeps a million
-queued messages, so every per-message object and field counts (about 500
-bytes per queued 100-byte message, payload and code included). They are
+queued messages, so every per-message object and field counts (about 400
+bytes per queued 100-byte message, payload and index included). They are
 slotted, hold no per-message dict, and share their strings (topic, key,
-producer id) with the broker's own objects; a message *is* the entry of its
-first group (almost every message has exactly one group), so a queued
-message is one object plus its code and payload. See ``Entry`` and
-``Message``.
+producer id, the head of the code) with the broker's own objects; a message
+*is* the entry of its first group (almost every message has exactly one
+group), so a queued message is one object plus its payload and its sequence
+number, and its code is made again at the edge. See ``Entry``, ``Message``
+and ``CodeHead``.
 
 They are not frozen: the broker mutates them in place on the hot path, and
 nothing outside ``kapok.core`` may.
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from kapok.core.topics import Group
 
 __all__ = [
+    "CodeHead",
+    "CodeMaker",
     "Consumer",
     "Draft",
     "Entry",
@@ -86,9 +89,20 @@ def make_code(create_ms: int, node_id: int, seq: int) -> str:
     return f"{code_prefix(create_ms, node_id)}{seq & 0xFFFFFFFFFFFF:012x}"
 
 
-def code_prefix(create_ms: int, node_id: int) -> str:
+class CodeHead(str):
+    """The first 20 digits of codes made by ``make_code``: time and node, shared by a batch.
+
+    A message whose code has this layout keeps its head (one object for its whole publish
+    batch) and its sequence number, not its code: the 32 digits are made again at the edge
+    (``Message.code``), and a million queued messages hold no code strings.
+    """
+
+    __slots__ = ()
+
+
+def code_prefix(create_ms: int, node_id: int) -> CodeHead:
     """The first 20 digits of ``make_code``: shared by a whole publish batch."""
-    return f"{create_ms & 0xFFFFFFFFFFFF:012x}{node_id & 0xFFFFFFFF:08x}"
+    return CodeHead(f"{create_ms & 0xFFFFFFFFFFFF:012x}{node_id & 0xFFFFFFFF:08x}")
 
 
 def code_seq(code: str) -> int | None:
@@ -112,23 +126,39 @@ class CodeMaker:
     The codes of one publish batch share their first 30 digits (time, node,
     and the sequence number but its last byte), so those are formatted once
     per batch and per 256 messages, and the last two digits come from a table.
+    The cache is one tuple, replaced whole: a reader on another thread sees
+    an old entry or a new one, never half of each.
     """
 
-    __slots__ = ("_head", "_high", "_prefix")
+    __slots__ = ("_last",)
 
     def __init__(self) -> None:
-        self._prefix = ""
-        self._high = -1
-        self._head = ""
+        self._last: tuple[str, int, str] = ("", -1, "")
 
     def code(self, prefix: str, seq: int) -> str:
         """``make_code`` of the ``prefix`` (``code_prefix``) and ``seq``."""
+        last_prefix, last_high, head = self._last
         high = (seq & _SEQ_MASK) >> 8
-        if high != self._high or prefix is not self._prefix:
-            self._prefix = prefix
-            self._high = high
-            self._head = f"{prefix}{high:010x}"
-        return self._head + _HEX2[seq & 0xFF]
+        if high != last_high or prefix is not last_prefix:
+            head = f"{prefix}{high:010x}"
+            self._last = (prefix, high, head)
+        return head + _HEX2[seq & 0xFF]
+
+    def compact(self, code: str, seq: int) -> str:
+        """What a ``Message`` keeps of ``code``, the code of message ``seq``: a shared
+        ``CodeHead`` if ``code`` is ``make_code``'s for ``seq`` (the head of the last one
+        when it is the same), else the whole code (imported from KapokMQ, say)."""
+        last, high, head = self._last
+        if seq >> 8 == high and type(last) is CodeHead and code == head + _HEX2[seq & 0xFF]:
+            return last  # the common case: the code after the last one (a replayed batch)
+        if len(code) != 32 or seq > _SEQ_MASK:
+            return code
+        head = last if type(last) is CodeHead and code.startswith(last) else CodeHead(code[:20])
+        return head if self.code(head, seq) == code else code
+
+
+# Formats ``Message.code``: one per process, its cache shared by every message.
+_FORMAT = CodeMaker()
 
 
 class Entry:
@@ -202,9 +232,12 @@ class Message(Entry):
 
     * it is the entry of its first group (see ``Entry``); entries of further
       groups are in the ``more`` tuple;
-    * ``seq`` is read back from the code (``code_seq``) and stored only for
-      codes that do not carry it (KapokMQ imports): an int is 32 bytes;
-    * whether entries are still open is read from the entries themselves.
+    * it keeps no code string (96 bytes a message): a code of ``make_code``'s
+      layout is made again from its ``CodeHead``, shared by a whole publish
+      batch, and ``seq`` (see ``CodeHead``); a foreign code (KapokMQ imports)
+      is kept whole;
+    * whether entries are still open is read from the entries themselves, and
+      the topic from the first group.
 
     A message routed to no group at all still has an entry: in its topic's
     ``no_group``, already dropped, never listed. When an anonymous
@@ -213,8 +246,7 @@ class Message(Entry):
     """
 
     __slots__ = (
-        "_seq",
-        "code",
+        "_code",
         "create_time",
         "data",
         "dedup_id",
@@ -226,14 +258,13 @@ class Message(Entry):
         "more",
         "priority",
         "producer_id",
-        "topic",
+        "seq",
     )
 
     def __init__(
         self,
         seq: int,
-        code: str,
-        topic: str,
+        code: str,  # a ``CodeHead`` for a code of ``make_code``'s layout (``CodeMaker.compact``)
         data: bytes,
         key: str = "",
         priority: int = 0,
@@ -246,7 +277,6 @@ class Message(Entry):
         *,
         group: Group,  # the first group (``Topic.no_group()`` when there is none)
         status: Status,  # the message's state in that group
-        own_code: bool = False,  # ``code`` is ``make_code(..., seq)``: not checked again
     ) -> None:
         # Entry._start, inlined: this runs once per published message.
         self.group = group
@@ -256,9 +286,8 @@ class Message(Entry):
         self.deadline = 0.0
         self.consumer = None
         self.last_consumer_id = 0
-        self._seq = None if (own_code and seq <= _SEQ_MASK) or code_seq(code) == seq else seq
-        self.code = code
-        self.topic = topic
+        self.seq = seq
+        self._code = code
         self.data = data
         self.key = key
         self.priority = priority
@@ -279,11 +308,30 @@ class Message(Entry):
         return self
 
     @property
-    def seq(self) -> int:
-        seq = self._seq
-        if seq is None:
-            return int(self.code[20:], 16)
-        return seq
+    def code(self) -> str:
+        """The message's 32 digits (made again from its head and ``seq``), or its foreign code."""
+        code = self._code
+        if type(code) is CodeHead:
+            return _FORMAT.code(code, self.seq)
+        return code
+
+    def delivered_code(self) -> str:
+        """The code, kept whole from now on: a message being delivered is read by its code
+        again (its push, its ack, their records), and is seldom queued long after."""
+        code = self._code
+        if type(code) is CodeHead:
+            code = self._code = _FORMAT.code(code, self.seq)
+        return code
+
+    @property
+    def topic(self) -> str:
+        """The topic's name (read from the first group: each group is in the message's topic)."""
+        return self.group.topic.name
+
+    @property
+    def compact_code(self) -> bool:
+        """The code is made from the head and ``seq`` (the message is found by ``seq``)."""
+        return type(self._code) is CodeHead
 
     @property
     def size(self) -> int:

@@ -27,30 +27,28 @@ the state at the end of the WAL.
 
 from __future__ import annotations
 
-import operator
 import sys
 from collections.abc import Callable, Iterable, Iterator
 
 from kapok.core import changes as ch
 from kapok.core.broker import Broker
-from kapok.core.model import Entry, Message, Status
+from kapok.core.model import CodeMaker, Entry, Message, Status
 from kapok.core.timers import RetentionQueue
 from kapok.core.topics import Group
 
 __all__ = ["Mirror", "apply", "apply_all", "finish_recovery", "state_records"]
 
-_SEQ = operator.attrgetter("seq")
 
-
-def apply(broker: Broker, record: ch.Change) -> None:
-    """Apply one record during recovery (before ``finish_recovery``)."""
+def apply(broker: Broker, record: ch.Change, codes: CodeMaker | None = None) -> None:
+    """Apply one record during recovery (before ``finish_recovery``); ``codes`` makes the
+    codes a message keeps (``CodeMaker.compact``: given, its heads are shared)."""
     messages = broker.messages
     if isinstance(record, ch.Published):
         broker.restore_seq(record.seq + 1)
         if record.dedup_id:  # even if the message is deleted later, its id stays taken
             broker.admission.dedup.add(record.topic, record.dedup_id, record.code, record.create_time)
         if record.code not in messages:
-            _restore(broker, record, _route(broker, record))
+            _restore(broker, record, _route(broker, record), codes or CodeMaker())
     elif isinstance(record, ch.Delivered):
         entry = _entry(broker, record.code, record.group)
         if entry is not None and not entry.status.final:
@@ -76,7 +74,7 @@ def apply(broker: Broker, record: ch.Change) -> None:
             if msg.settled():
                 msg.finished_at = record.at
     elif isinstance(record, ch.MessageDeleted):
-        deleted = messages.pop(record.code, None)
+        deleted = messages.pop(record.code)
         if deleted is not None:
             for entry in deleted.all_entries():
                 broker.unclaim(entry)
@@ -104,61 +102,59 @@ def apply_all(
     message published to no group (finished at once)."""
     messages = broker.messages
     routes: dict[tuple[str, tuple[str, ...]], _Route] = {}
+    codes = CodeMaker()
     top = -1
     count = 0
     for record in records:
         count += 1
         if type(record) is not ch.Published or record.dedup_id or record.code in messages:
             if other is None:
-                apply(broker, record)
+                apply(broker, record, codes)
             else:
                 other(record)
             continue
         route = routes.get((record.topic, record.groups))
         if route is None:
             route = routes[record.topic, record.groups] = _route(broker, record)
-        _restore(broker, record, route)
+        msg = _restore(broker, record, route, codes)
         top = max(top, record.seq)
         if dropped is not None and not record.groups:
-            dropped(messages[record.code])
+            dropped(msg)
     broker.restore_seq(top + 1)
     return count
 
 
-# Where a published record's message goes: its topic's name, its groups, and its first
-# group (the topic's ``no_group`` when it has none).
-_Route = tuple[str, tuple[Group, ...], Group]
+# Where a published record's message goes: its groups, and its first group (the topic's
+# ``no_group`` when it has none).
+_Route = tuple[tuple[Group, ...], Group]
 
 
 def _route(broker: Broker, record: ch.Published) -> _Route:
     topic = broker.restore_topic(record.topic)
     groups = tuple(broker.restore_group(topic, name, record.create_time) for name in record.groups)
-    return topic.name, groups, groups[0] if groups else topic.no_group()
+    return groups, groups[0] if groups else topic.no_group()
 
 
-def _restore(broker: Broker, record: ch.Published, route: _Route) -> None:
+def _restore(broker: Broker, record: ch.Published, route: _Route, codes: CodeMaker) -> Message:
     """The message of ``record`` (a code not known yet), entries ready in each group."""
-    name, groups, first = route
+    groups, first = route
     # Decoded records hold fresh objects per message. Names come from the broker's own
     # objects or are interned, and equal times are one float, so a million recovered
     # messages do not hold a copy of each.
     create_time = record.create_time
     deliver_at = create_time if record.deliver_at == create_time else record.deliver_at
+    seq = record.seq
     msg = Message(
-        record.seq, record.code, name, record.data, _shared(record.key), record.priority, create_time,
-        deliver_at, record.expire_at, _shared(record.producer_id), record.dedup_id, record.headers,
-        group=first, status=Status.READY if groups else Status.DROPPED,
+        seq, codes.compact(record.code, seq), record.data, _shared(record.key), record.priority,
+        create_time, deliver_at, record.expire_at, _shared(record.producer_id), record.dedup_id,
+        record.headers, group=first, status=Status.READY if groups else Status.DROPPED,
     )  # fmt: skip
     if len(groups) > 1:
         msg.route(groups[1:], Status.READY)
     elif not groups:
         msg.finished_at = create_time
-    broker.messages[record.code] = msg
-    seq = record.seq
-    if seq > broker.top_seq:
-        broker.top_seq = seq
-    else:
-        broker.in_seq_order = False
+    broker.messages.add(msg)
+    return msg
 
 
 def _entry(broker: Broker, code: str, group: str) -> Entry | None:
@@ -176,10 +172,8 @@ def finish_recovery(broker: Broker, now: float, reason: str = "recovery") -> int
     claim (``kapok.core.claims``) is not: it stays in flight under its claim, with a fresh
     lease of the claim's length, for its reader to fetch again and ack."""
     broker.admission.dedup.expire(now)
-    # A copy either way: ``resume_all`` forgets finished messages whose retention is over.
-    messages = broker.messages.values()
-    ordered = list(messages) if broker.in_seq_order else sorted(messages, key=_SEQ)
-    redelivered = broker.resume_all(ordered, now, reason)
+    # A copy: ``resume_all`` forgets finished messages whose retention is over.
+    redelivered = broker.resume_all(list(broker.messages.values()), now, reason)
     broker.resume_claims(now)
     broker.dispatch(now)
     return redelivered
@@ -195,11 +189,11 @@ def state_records(broker: Broker, now: float) -> Iterator[ch.Change]:
     for added, topic_name, dedup_id, code in broker.admission.dedup.items():
         yield ch.Deduped(topic_name, dedup_id, code, added)
     for msg in list(broker.messages.values()):
-        if broker.messages.get(msg.code) is not msg:
+        if broker.messages.get(code := msg.code) is not msg:
             continue  # deleted or purged since the walk began
         durable = [e for e in msg.all_entries() if e.group.durable]
         yield ch.Published(
-            msg.seq, msg.code, msg.topic, msg.data, msg.key, msg.priority, msg.create_time, msg.deliver_at,
+            msg.seq, code, msg.topic, msg.data, msg.key, msg.priority, msg.create_time, msg.deliver_at,
             msg.expire_at, msg.producer_id, msg.dedup_id, msg.headers, tuple(e.group.name for e in durable),
         )  # fmt: skip
         for e in durable:
@@ -212,19 +206,19 @@ def state_records(broker: Broker, now: float) -> Iterator[ch.Change]:
                 consumer = holder.name if holder is not None and not holder.is_pull else ""
                 if claim is None:
                     yield ch.Delivered(
-                        msg.code, msg.topic, e.group.name, e.attempts, e.last_delivered_at, "", 0.0, consumer
+                        code, msg.topic, e.group.name, e.attempts, e.last_delivered_at, "", 0.0, consumer
                     )
                 else:  # in flight under a claim: recovery keeps it so
                     yield ch.Delivered(
-                        msg.code, msg.topic, e.group.name, e.attempts, e.last_delivered_at, claim.name,
+                        code, msg.topic, e.group.name, e.attempts, e.last_delivered_at, claim.name,
                         claim.lease_s, consumer,
                     )  # fmt: skip
                 if not e.status.final and e.status is not Status.INFLIGHT:  # requeued since
                     yield ch.Requeued(
-                        msg.code, msg.topic, e.group.name, "snapshot", e.last_delivered_at, e.attempts
+                        code, msg.topic, e.group.name, "snapshot", e.last_delivered_at, e.attempts
                     )
             if e.status.final:
-                yield ch.Settled(msg.code, msg.topic, e.group.name, e.status.value, "snapshot", e.settled_at)
+                yield ch.Settled(code, msg.topic, e.group.name, e.status.value, "snapshot", e.settled_at)
 
 
 class Mirror:
@@ -275,8 +269,7 @@ class Mirror:
         messages = self.broker.messages
         forgotten = 0
         for msg in self._finished.pop_due(now):
-            if messages.get(msg.code) is msg:
-                del messages[msg.code]
+            if messages.discard(msg):
                 msg.forget()
                 forgotten += 1
         self.broker.admission.dedup.expire(now)

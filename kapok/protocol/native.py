@@ -216,10 +216,11 @@ def message_json(msg: Message, entry: Entry | None = None) -> dict[str, Any]:
     """The message object of a stored message (pushes, pull replies, console)."""
     # Built for one push per delivery: the common shape (UTF-8 data, no delay, no
     # headers) as one literal, with the same key order as the other shapes.
+    code = msg.code
     try:
-        out: dict[str, Any] = {"code": msg.code, "topic": msg.topic, "data": msg.data.decode()}
+        out: dict[str, Any] = {"code": code, "topic": msg.topic, "data": msg.data.decode()}
     except UnicodeDecodeError:
-        out = {"code": msg.code, "topic": msg.topic}
+        out = {"code": code, "topic": msg.topic}
         encode_data(msg.data, out)
     out["key"] = msg.key
     out["priority"] = msg.priority

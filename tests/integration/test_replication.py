@@ -239,7 +239,7 @@ async def test_a_slaves_console_applies_what_it_journaled_before_it_shows_the_st
     await applier.aclose()  # no idle time: only the console's catch-up applies now
     async with aiohttp.ClientSession(cookie_jar=cookie_jar()) as http:
         await publish(http, master, "a", "b", "c")
-        assert applier.records >= 3 and slave.broker.messages == {}  # acked, journaled, not applied
+        assert applier.records >= 3 and len(slave.broker.messages) == 0  # acked, journaled, not applied
         console = ConsoleClient(http, slave.url)
         assert (await console.log_in(SECRET)).status == 303
         overview = await console.json("/console/api/overview")

@@ -8,9 +8,10 @@ messages; only the requested page is sorted out (``heapq.nlargest``), not every 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from kapok.core.index import MessageIndex
 from kapok.core.model import Message, Status
 
 __all__ = ["MessageQuery", "SearchPage", "search_messages"]
@@ -57,17 +58,14 @@ class SearchPage:
 
 
 def search_messages(
-    messages: Mapping[str, Message] | Iterable[Message], query: MessageQuery, now: float, page: int, size: int
+    messages: MessageIndex, query: MessageQuery, now: float, page: int, size: int
 ) -> SearchPage:
     """Page ``page`` (from 1) of ``size`` matches, newest first (codes sort by creation time).
 
-    Given the node's ``code -> message`` mapping, a whole code is looked up, not scanned for.
+    A whole code is looked up in the node's index, not scanned for.
     """
-    if isinstance(messages, Mapping):
-        exact = messages.get(query.code) if query.code else None
-        candidates: Iterable[Message] = (exact,) if exact is not None else messages.values()
-    else:
-        candidates = messages
+    exact = messages.get(query.code) if query.code else None
+    candidates: Iterable[Message] = (exact,) if exact is not None else messages.values()
     found = [m for m in candidates if query.matches(m, now)]
     first = (page - 1) * size
     top = heapq.nlargest(first + size, found, key=lambda m: m.code)

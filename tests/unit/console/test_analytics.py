@@ -79,7 +79,7 @@ def test_from_messages_counts_held_messages_per_day_and_measures_acks() -> None:
     consumer = broker.subscribe("t", now=NOW - 10)
     delivered = [e.msg.code for e in broker.take_pushes()[consumer.id]]
     broker.ack(consumer.id, delivered[:2], NOW)  # two acks: 2 days and 10 s after creation
-    data = from_messages(reversed(broker.messages.values()), NOW)
+    data = from_messages(broker.messages.newest_first(), NOW)
     assert data["source"] == "node" and data["scanned"] == 3 and not data["truncated"]
     assert {s["name"]: s["values"] for s in data["growth"]["series"]} == {"t": [0, 0, 0, 0, 1, 0, 2]}
     (latency,) = data["latency"]
