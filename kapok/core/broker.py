@@ -287,7 +287,7 @@ class Broker:
             d.producer_id, d.dedup_id, headers, group=groups[0] if groups else topic.no_group(),
             status=status if groups else Status.DROPPED,
         )  # fmt: skip
-        self.messages.published(msg)
+        self.messages.add_numbered(msg)
         self.stats.published += 1
         if len(groups) > 1:
             msg.route(groups[1:], status)  # the message itself is the entry of the first
@@ -789,7 +789,6 @@ class Broker:
         order given (publish order); returns how many entries are delivered again. The common
         message (its one entry ready, never delivered, due, with no TTL) is queued the short
         way: a million of them come back at every start-up."""
-        topics = self.topics
         dirty = self._dirty
         redelivered = 0
         added = 0
@@ -803,14 +802,14 @@ class Broker:
                 and not msg.expire_at
                 and msg.deliver_at <= now
             ):
-                topic = topics[msg.topic]
+                group = msg.group
+                topic = group.topic
                 size = len(msg.data)
                 topic.live_count += 1
                 topic.live_bytes += size
                 added += size + MESSAGE_OVERHEAD_BYTES
                 if topic.order is not None:
                     topic.order.append(msg)
-                group = msg.group
                 (group.ready[msg.priority] or group.queue(msg.priority)).append(msg)
                 group.ready_count += 1
                 dirty.add(group)

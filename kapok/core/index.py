@@ -64,19 +64,23 @@ class MessageIndex:
 
     def get(self, code: str) -> Message | None:
         seq = code_seq(code)
-        if seq is not None:
-            i = seq - self._base
-            rows = self._rows
-            if 0 <= i < len(rows):
-                msg = rows[i]
-                if msg is not None and msg.code == code:
-                    return msg
+        return self.find(code, seq if seq is not None else -1)
+
+    def find(self, code: str, seq: int) -> Message | None:
+        """``get(code)`` for a code known to be message ``seq``'s if it is ``make_code``'s
+        (replay's question of every record it is given), without reading the number back."""
+        i = seq - self._base
+        rows = self._rows
+        if 0 <= i < len(rows):
+            msg = rows[i]
+            if msg is not None and msg.code == code:
+                return msg
         strays = self._strays
         return strays.get(code) if strays else None
 
-    def published(self, msg: Message) -> None:
-        """Index ``msg``, just published here: its code is of ``make_code``'s layout, whole
-        or not (``CodeHead``)."""
+    def add_numbered(self, msg: Message) -> None:
+        """Index ``msg``, whose code is of ``make_code``'s layout, whole or not (``CodeHead``):
+        every message published here, and every replayed one with such a code."""
         rows = self._rows
         if msg.seq - self._base == len(rows) and self._count:
             rows.append(msg)  # the next number: every publish
@@ -148,8 +152,12 @@ class MessageIndex:
         return msg
 
     def values(self) -> Iterator[Message]:
-        """Every message, in sequence order (not to be changed while it is walked)."""
-        rows = (msg for msg in self._rows[self._start :] if msg is not None)
+        """Every message, in sequence order (a copy: the index may change while it is walked)."""
+        start = self._start
+        if len(self._rows) - start == self._count:  # no holes: recovery's million messages
+            rows: Iterator[Message] = iter(self._rows[start:])  # type: ignore[arg-type]
+        else:
+            rows = (msg for msg in self._rows[start:] if msg is not None)
         if not self._strays:
             return rows
         return heapq.merge(sorted(self._strays.values(), key=_SEQ), rows, key=_SEQ)

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from kapok.core import changes as ch
 from kapok.core.broker import Broker
-from kapok.core.model import CodeMaker, Entry, Message, Status
+from kapok.core.model import CodeHead, CodeMaker, Entry, Message, Status
 from kapok.core.timers import RetentionQueue
 from kapok.core.topics import Group
 
@@ -47,7 +47,7 @@ def apply(broker: Broker, record: ch.Change, codes: CodeMaker | None = None) -> 
         broker.restore_seq(record.seq + 1)
         if record.dedup_id:  # even if the message is deleted later, its id stays taken
             broker.admission.dedup.add(record.topic, record.dedup_id, record.code, record.create_time)
-        if record.code not in messages:
+        if messages.find(record.code, record.seq) is None:
             _restore(broker, record, _route(broker, record), codes or CodeMaker())
     elif isinstance(record, ch.Delivered):
         entry = _entry(broker, record.code, record.group)
@@ -100,14 +100,14 @@ def apply_all(
     once per routing, and the sequence number is restored once at the end. A mirror gives
     ``other``, what it does with every other record, and ``dropped``, what it does with a
     message published to no group (finished at once)."""
-    messages = broker.messages
+    find = broker.messages.find
     routes: dict[tuple[str, tuple[str, ...]], _Route] = {}
     codes = CodeMaker()
     top = -1
     count = 0
     for record in records:
         count += 1
-        if type(record) is not ch.Published or record.dedup_id or record.code in messages:
+        if type(record) is not ch.Published or record.dedup_id or find(record.code, record.seq) is not None:
             if other is None:
                 apply(broker, record, codes)
             else:
@@ -144,8 +144,9 @@ def _restore(broker: Broker, record: ch.Published, route: _Route, codes: CodeMak
     create_time = record.create_time
     deliver_at = create_time if record.deliver_at == create_time else record.deliver_at
     seq = record.seq
+    code = codes.compact(record.code, seq)
     msg = Message(
-        seq, codes.compact(record.code, seq), record.data, _shared(record.key), record.priority,
+        seq, code, record.data, _shared(record.key), record.priority,
         create_time, deliver_at, record.expire_at, _shared(record.producer_id), record.dedup_id,
         record.headers, group=first, status=Status.READY if groups else Status.DROPPED,
     )  # fmt: skip
@@ -153,7 +154,10 @@ def _restore(broker: Broker, record: ch.Published, route: _Route, codes: CodeMak
         msg.route(groups[1:], Status.READY)
     elif not groups:
         msg.finished_at = create_time
-    broker.messages.add(msg)
+    if type(code) is CodeHead:
+        broker.messages.add_numbered(msg)
+    else:
+        broker.messages.add(msg)
     return msg
 
 
