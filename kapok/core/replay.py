@@ -36,19 +36,19 @@ from kapok.core.model import CodeHead, CodeMaker, Entry, Message, Status
 from kapok.core.timers import RetentionQueue
 from kapok.core.topics import Group
 
-__all__ = ["Mirror", "apply", "apply_all", "finish_recovery", "state_records"]
+__all__ = ["Mirror", "Restorer", "apply", "apply_all", "finish_recovery", "state_records"]
 
 
-def apply(broker: Broker, record: ch.Change, codes: CodeMaker | None = None) -> None:
-    """Apply one record during recovery (before ``finish_recovery``); ``codes`` makes the
-    codes a message keeps (``CodeMaker.compact``: given, its heads are shared)."""
+def apply(broker: Broker, record: ch.Change, restorer: Restorer | None = None) -> None:
+    """Apply one record during recovery (before ``finish_recovery``); a ``restorer`` given
+    shares what consecutive messages share (``apply_all``'s)."""
     messages = broker.messages
     if isinstance(record, ch.Published):
         broker.restore_seq(record.seq + 1)
         if record.dedup_id:  # even if the message is deleted later, its id stays taken
             broker.admission.dedup.add(record.topic, record.dedup_id, record.code, record.create_time)
         if messages.find(record.code, record.seq) is None:
-            _restore(broker, record, _route(broker, record), codes or CodeMaker())
+            (restorer or Restorer(broker)).restore(record)
     elif isinstance(record, ch.Delivered):
         entry = _entry(broker, record.code, record.group)
         if entry is not None and not entry.status.final:
@@ -101,73 +101,84 @@ def apply_all(
     ``other``, what it does with every other record, and ``dropped``, what it does with a
     message published to no group (finished at once)."""
     find = broker.messages.find
-    routes: dict[tuple[str, tuple[str, ...]], _Route] = {}
-    codes = CodeMaker()
+    restorer = Restorer(broker)
+    restore = restorer.restore
     top = -1
     count = 0
     for record in records:
         count += 1
         if type(record) is not ch.Published or record.dedup_id or find(record.code, record.seq) is not None:
             if other is None:
-                apply(broker, record, codes)
+                apply(broker, record, restorer)
             else:
                 other(record)
             continue
-        route = routes.get((record.topic, record.groups))
-        if route is None:
-            route = routes[record.topic, record.groups] = _route(broker, record)
-        msg = _restore(broker, record, route, codes)
-        top = max(top, record.seq)
+        msg = restore(record)
+        if record.seq > top:
+            top = record.seq
         if dropped is not None and not record.groups:
             dropped(msg)
     broker.restore_seq(top + 1)
     return count
 
 
-# Where a published record's message goes: its groups, and its first group (the topic's
-# ``no_group`` when it has none).
-_Route = tuple[tuple[Group, ...], Group]
+class Restorer:
+    """Builds the messages of published records (their codes not known yet), entries ready
+    in each group. Decoded records hold fresh objects per message; a message keeps the
+    broker's own names (or interned ones), the head of its code shared with the messages
+    of its batch (``CodeMaker.compact``), and its batch's time, so that a million recovered
+    messages hold no more than a million published ones."""
 
+    __slots__ = ("_broker", "_codes", "_routes", "_time")
 
-def _route(broker: Broker, record: ch.Published) -> _Route:
-    topic = broker.restore_topic(record.topic)
-    groups = tuple(broker.restore_group(topic, name, record.create_time) for name in record.groups)
-    return groups, groups[0] if groups else topic.no_group()
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self._codes = CodeMaker()
+        # A record's groups, and its first group (the topic's ``no_group`` when it has
+        # none), by its topic and group names.
+        self._routes: dict[tuple[str, tuple[str, ...]], tuple[tuple[Group, ...], Group]] = {}
+        self._time = 0.0
 
+    def restore(self, record: ch.Published) -> Message:
+        route = self._routes.get((record.topic, record.groups))
+        if route is None:
+            route = self._routes[record.topic, record.groups] = self._route(record)
+        groups, first = route
+        create_time = record.create_time
+        if create_time == self._time:
+            create_time = self._time
+        else:
+            self._time = create_time
+        deliver_at = create_time if record.deliver_at == create_time else record.deliver_at
+        seq = record.seq
+        code = self._codes.compact(record.code, seq)
+        key = record.key
+        producer = record.producer_id
+        msg = Message(
+            seq, code, record.data, sys.intern(key) if key else "", record.priority, create_time,
+            deliver_at, record.expire_at or 0.0, sys.intern(producer) if producer else "",
+            record.dedup_id, record.headers, group=first, status=Status.READY if groups else Status.DROPPED,
+        )  # fmt: skip
+        if len(groups) > 1:
+            msg.route(groups[1:], Status.READY)
+        elif not groups:
+            msg.finished_at = create_time
+        if type(code) is CodeHead:
+            self._broker.messages.add_numbered(msg)
+        else:
+            self._broker.messages.add(msg)
+        return msg
 
-def _restore(broker: Broker, record: ch.Published, route: _Route, codes: CodeMaker) -> Message:
-    """The message of ``record`` (a code not known yet), entries ready in each group."""
-    groups, first = route
-    # Decoded records hold fresh objects per message. Names come from the broker's own
-    # objects or are interned, and equal times are one float, so a million recovered
-    # messages do not hold a copy of each.
-    create_time = record.create_time
-    deliver_at = create_time if record.deliver_at == create_time else record.deliver_at
-    seq = record.seq
-    code = codes.compact(record.code, seq)
-    msg = Message(
-        seq, code, record.data, _shared(record.key), record.priority,
-        create_time, deliver_at, record.expire_at, _shared(record.producer_id), record.dedup_id,
-        record.headers, group=first, status=Status.READY if groups else Status.DROPPED,
-    )  # fmt: skip
-    if len(groups) > 1:
-        msg.route(groups[1:], Status.READY)
-    elif not groups:
-        msg.finished_at = create_time
-    if type(code) is CodeHead:
-        broker.messages.add_numbered(msg)
-    else:
-        broker.messages.add(msg)
-    return msg
+    def _route(self, record: ch.Published) -> tuple[tuple[Group, ...], Group]:
+        broker = self._broker
+        topic = broker.restore_topic(record.topic)
+        groups = tuple(broker.restore_group(topic, name, record.create_time) for name in record.groups)
+        return groups, groups[0] if groups else topic.no_group()
 
 
 def _entry(broker: Broker, code: str, group: str) -> Entry | None:
     msg = broker.messages.get(code)
     return msg.entry(group) if msg is not None else None
-
-
-def _shared(name: str) -> str:
-    return sys.intern(name) if name else ""
 
 
 def finish_recovery(broker: Broker, now: float, reason: str = "recovery") -> int:

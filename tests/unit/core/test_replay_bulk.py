@@ -10,6 +10,7 @@ queue and counter must match, including a stream replayed twice over (a fuzzy sn
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from kapok.config import Config
@@ -122,3 +123,30 @@ def test_messages_replayed_out_of_sequence_order_are_resumed_in_it() -> None:
     assert [m.seq for m in shuffled.messages.values()] == sorted(m.seq for m in ordered.messages.values())
     assert census(shuffled)["queues"] == census(ordered)["queues"]  # queued by sequence all the same
     assert census(one_by_one([*reversed(published), *rest], T0 + 7))["queues"] == census(ordered)["queues"]
+
+
+def test_replayed_messages_share_their_batchs_time_and_code_head() -> None:
+    """A decoded record holds fresh objects (a float per time, a string per code); the
+    messages replayed from a batch share one time, one zero and one head of their codes
+    with each other, as the messages of a publish batch do: 64 B and more a message."""
+    b = make()
+    codes = b.publish([Draft("t", b"x") for _ in range(300)], T0)
+    records = [r for r in b.take_changes() if isinstance(r, ch.Published)]
+    fresh = [
+        dataclasses.replace(
+            r,
+            code="".join(r.code),
+            create_time=float(repr(r.create_time)),
+            deliver_at=float(repr(r.deliver_at)),
+            expire_at=float(repr(r.expire_at)),
+        )
+        for r in records
+    ]
+    assert len({id(r.create_time) for r in fresh}) == 300  # as decoding made them
+    replayed = make()
+    apply_all(replayed, fresh)
+    messages = [replayed.messages[c] for c in codes]
+    assert [m.code for m in messages] == codes
+    assert len({id(m.create_time) for m in messages} | {id(m.deliver_at) for m in messages}) == 1
+    assert len({id(m.expire_at) for m in messages}) == 1
+    assert len({id(m._code) for m in messages}) == 1
