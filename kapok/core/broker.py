@@ -47,7 +47,7 @@ from kapok.core.index import MessageIndex
 from kapok.core.model import (
     NO_ROOM_LIMIT,
     PUSH_OVERHEAD_BYTES,
-    CodeHead,
+    SEQ_MASK,
     CodeMaker,
     Consumer,
     Draft,
@@ -258,14 +258,13 @@ class Broker:
         self._dispatch(now)
         return out
 
-    def _store(
-        self, topic: Topic, d: Draft, headers: dict[str, str] | None, now: float, prefix: CodeHead
-    ) -> str:
+    def _store(self, topic: Topic, d: Draft, headers: dict[str, str] | None, now: float, prefix: str) -> str:
         """Store one message and return its code; ``prefix`` is ``code_prefix`` of ``now``
         (computed once per batch)."""
         seq = self._seq
         self._seq = seq + 1
-        code = self._codes.code(prefix, seq)
+        block = self._codes.block(prefix, seq)
+        code = block.code(seq & 0xFF)
         if d.deliver_at:
             deliver_at = d.deliver_at
         elif d.delay_s:  # a negative delay (KapokMQ's DelayTime may be) is kept, and means "now"
@@ -279,12 +278,12 @@ class Broker:
         delayed = deliver_at > now
         status = _DELAYED if delayed else _READY
         groups = topic.group_list
-        # A message that will wait (behind many others, or for its time) keeps the head of its
-        # code, not the code: see CodeHead. One delivered soon keeps the code it has already.
+        # A message that will wait (behind many others, or for its time) keeps its code's block,
+        # not the code: see CodeBlock. One delivered soon keeps the code it has already.
         waits = delayed or not groups or groups[0].ready_count >= KEEP_CODES_QUEUED
         msg = Message(
-            seq, prefix if waits else code, d.data, key, d.priority, now, deliver_at, expire_at,
-            d.producer_id, d.dedup_id, headers, group=groups[0] if groups else topic.no_group(),
+            seq, block if waits and seq <= SEQ_MASK else code, d.data, key, d.priority, now, deliver_at,
+            expire_at, d.producer_id, d.dedup_id, headers, group=groups[0] if groups else topic.no_group(),
             status=status if groups else Status.DROPPED,
         )  # fmt: skip
         self.messages.add_numbered(msg)

@@ -5,8 +5,8 @@ sequence number, and a node numbers its messages one after another, so the
 index is a list addressed by sequence number: ``rows[seq - base]``. Finding
 a code reads the number back from it and checks that the message found there
 has that very code. A dict entry by code cost ~41 bytes a message and the
-code string itself 96 more; a list slot costs 8 and a ``Message`` keeps no
-code (``CodeHead``).
+code string itself 96 more; a list slot costs 8 and a ``Message`` that waits
+keeps no code (``CodeBlock``).
 
 Finished messages leave holes (``None``); the holes at the front are cut
 off once they are half the list. The few messages the list cannot hold are
@@ -23,7 +23,7 @@ import heapq
 import operator
 from collections.abc import Iterator
 
-from kapok.core.model import Message, code_seq
+from kapok.core.model import SEQ_MASK, Message, code_seq
 
 __all__ = ["MessageIndex"]
 
@@ -31,7 +31,6 @@ _SEQ = operator.attrgetter("seq")
 # Holes allowed at the front before they are cut off, and numbers a new message may skip
 # ahead of the list's end before it is a stray (the list would grow by as many holes).
 _SLACK = 65_536
-_SEQ_MAX = 0xFFFFFFFFFFFF  # a code carries 48 bits of its number: the rest are strays
 
 
 class MessageIndex:
@@ -79,18 +78,18 @@ class MessageIndex:
         return strays.get(code) if strays else None
 
     def add_numbered(self, msg: Message) -> None:
-        """Index ``msg``, whose code is of ``make_code``'s layout, whole or not (``CodeHead``):
+        """Index ``msg``, whose code is of ``make_code``'s layout, whole or not (``CodeBlock``):
         every message published here, and every replayed one with such a code."""
         rows = self._rows
         if msg.seq - self._base == len(rows) and self._count:
             rows.append(msg)  # the next number: every publish
             self._count += 1
-        elif msg.seq > _SEQ_MAX or not self._place(msg):
+        elif msg.seq > SEQ_MASK or not self._place(msg):
             self._strays[msg.code] = msg
 
     def add(self, msg: Message) -> None:
         """Index ``msg`` (its code not indexed yet)."""
-        if not msg.compact_code or msg.seq > _SEQ_MAX or not self._place(msg):
+        if not msg.compact_code or msg.seq > SEQ_MASK or not self._place(msg):
             self._strays[msg.code] = msg
 
     def _place(self, msg: Message) -> bool:

@@ -9,11 +9,11 @@ Memory is the constraint that shapes these classes: a node keeps a million
 queued messages, so every per-message object and field counts (about 400
 bytes per queued 100-byte message, payload and index included). They are
 slotted, hold no per-message dict, and share their strings (topic, key,
-producer id, the head of the code) with the broker's own objects; a message
-*is* the entry of its first group (almost every message has exactly one
-group), so a queued message is one object plus its payload and its sequence
-number, and its code is made again at the edge. See ``Entry``, ``Message``
-and ``CodeHead``.
+producer id, the first 30 digits of the code) with the broker's own objects;
+a message *is* the entry of its first group (almost every message has
+exactly one group), so a queued message is one object plus its payload, and
+its code is made again at the edge. See ``Entry``, ``Message`` and
+``CodeBlock``.
 
 They are not frozen: the broker mutates them in place on the hot path, and
 nothing outside ``kapok.core`` may.
@@ -22,7 +22,7 @@ nothing outside ``kapok.core`` may.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, final
 
 from kapok.core.frozen import record
 
@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from kapok.core.topics import Group
 
 __all__ = [
-    "CodeHead",
+    "SEQ_MASK",
+    "CodeBlock",
     "CodeMaker",
     "Consumer",
     "Draft",
@@ -89,20 +90,9 @@ def make_code(create_ms: int, node_id: int, seq: int) -> str:
     return f"{code_prefix(create_ms, node_id)}{seq & 0xFFFFFFFFFFFF:012x}"
 
 
-class CodeHead(str):
-    """The first 20 digits of codes made by ``make_code``: time and node, shared by a batch.
-
-    A message whose code has this layout keeps its head (one object for its whole publish
-    batch) and its sequence number, not its code: the 32 digits are made again at the edge
-    (``Message.code``), and a million queued messages hold no code strings.
-    """
-
-    __slots__ = ()
-
-
-def code_prefix(create_ms: int, node_id: int) -> CodeHead:
+def code_prefix(create_ms: int, node_id: int) -> str:
     """The first 20 digits of ``make_code``: shared by a whole publish batch."""
-    return CodeHead(f"{create_ms & 0xFFFFFFFFFFFF:012x}{node_id & 0xFFFFFFFF:08x}")
+    return f"{create_ms & 0xFFFFFFFFFFFF:012x}{node_id & 0xFFFFFFFF:08x}"
 
 
 def code_seq(code: str) -> int | None:
@@ -115,8 +105,30 @@ def code_seq(code: str) -> int | None:
         return None
 
 
-_SEQ_MASK = 0xFFFFFFFFFFFF
+SEQ_MASK = 0xFFFFFFFFFFFF  # a code carries 48 bits of its message's number
 _HEX2 = tuple(f"{i:02x}" for i in range(256))
+
+
+@final  # ``type(x) is CodeBlock`` then tells it from a code (a ``str``)
+class CodeBlock:
+    """What up to 256 codes made by ``make_code`` share: their first 30 digits (time, node,
+    and the sequence number but its last byte), and the number of the block's first code.
+
+    A message whose code has this layout keeps its block (one object for the messages of
+    a publish batch) and the last byte of its number, a small int Python shares, instead of
+    its code and its number: 128 bytes a queued message. Its code is the block's digits and
+    two more (``Message.code``).
+    """
+
+    __slots__ = ("base", "head")
+
+    def __init__(self, head: str, base: int) -> None:
+        self.head = head  # 30 digits
+        self.base = base  # the sequence number of the block's code ending in "00"
+
+    def code(self, low: int) -> str:
+        """The code of the block's message ``base + low``."""
+        return self.head + _HEX2[low]
 
 
 class CodeMaker:
@@ -125,40 +137,40 @@ class CodeMaker:
     Formatting an int costs about as much as the rest of storing a message.
     The codes of one publish batch share their first 30 digits (time, node,
     and the sequence number but its last byte), so those are formatted once
-    per batch and per 256 messages, and the last two digits come from a table.
-    The cache is one tuple, replaced whole: a reader on another thread sees
-    an old entry or a new one, never half of each.
+    per batch and per 256 messages (a ``CodeBlock``), and the last two digits
+    come from a table.
     """
 
     __slots__ = ("_last",)
 
     def __init__(self) -> None:
-        self._last: tuple[str, int, str] = ("", -1, "")
+        self._last: tuple[str, int, CodeBlock] = ("", -1, CodeBlock("", -1))
+
+    def block(self, prefix: str, seq: int) -> CodeBlock:
+        """The block of ``make_code`` of the ``prefix`` (``code_prefix``) and ``seq``: the one
+        of the last call when it is the same."""
+        last_prefix, last_high, block = self._last
+        high = (seq & SEQ_MASK) >> 8
+        if high != last_high or prefix is not last_prefix:
+            block = CodeBlock(f"{prefix}{high:010x}", seq & ~0xFF)
+            self._last = (prefix, high, block)
+        return block
 
     def code(self, prefix: str, seq: int) -> str:
         """``make_code`` of the ``prefix`` (``code_prefix``) and ``seq``."""
-        last_prefix, last_high, head = self._last
-        high = (seq & _SEQ_MASK) >> 8
-        if high != last_high or prefix is not last_prefix:
-            head = f"{prefix}{high:010x}"
-            self._last = (prefix, high, head)
-        return head + _HEX2[seq & 0xFF]
+        return self.block(prefix, seq).head + _HEX2[seq & 0xFF]
 
-    def compact(self, code: str, seq: int) -> str:
+    def compact(self, code: str, seq: int) -> CodeBlock | str:
         """What a ``Message`` keeps of ``code``, the code of message ``seq``: a shared
-        ``CodeHead`` if ``code`` is ``make_code``'s for ``seq`` (the head of the last one
-        when it is the same), else the whole code (imported from KapokMQ, say)."""
-        last, high, head = self._last
-        if seq >> 8 == high and type(last) is CodeHead and code == head + _HEX2[seq & 0xFF]:
-            return last  # the common case: the code after the last one (a replayed batch)
-        if len(code) != 32 or seq > _SEQ_MASK:
+        ``CodeBlock`` if ``code`` is ``make_code``'s for ``seq`` (the block of the last
+        one when it is the same), else the whole code (imported from KapokMQ, say)."""
+        _, high, block = self._last
+        if seq >> 8 == high and code == block.head + _HEX2[seq & 0xFF]:
+            return block  # the common case: the code after the last one (a replayed batch)
+        if len(code) != 32 or seq > SEQ_MASK:
             return code
-        head = last if type(last) is CodeHead and code.startswith(last) else CodeHead(code[:20])
-        return head if self.code(head, seq) == code else code
-
-
-# Formats ``Message.code``: one per process, its cache shared by every message.
-_FORMAT = CodeMaker()
+        block = self.block(code[:20], seq)
+        return block if block.head + _HEX2[seq & 0xFF] == code else code
 
 
 class Entry:
@@ -232,10 +244,11 @@ class Message(Entry):
 
     * it is the entry of its first group (see ``Entry``); entries of further
       groups are in the ``more`` tuple;
-    * it keeps no code string (96 bytes a message): a code of ``make_code``'s
-      layout is made again from its ``CodeHead``, shared by a whole publish
-      batch, and ``seq`` (see ``CodeHead``); a foreign code (KapokMQ imports)
-      is kept whole;
+    * one that waits keeps neither a code string (96 bytes) nor an int for its
+      number (32): a code of ``make_code``'s layout is its ``CodeBlock``, shared
+      by up to 256 messages of a publish batch, and the last byte of its number
+      (``_seq``, a small int Python shares); a message being delivered, or
+      whose code is foreign (KapokMQ imports), keeps its code and its number;
     * whether entries are still open is read from the entries themselves, and
       the topic from the first group.
 
@@ -247,6 +260,7 @@ class Message(Entry):
 
     __slots__ = (
         "_code",
+        "_seq",
         "create_time",
         "data",
         "dedup_id",
@@ -258,13 +272,12 @@ class Message(Entry):
         "more",
         "priority",
         "producer_id",
-        "seq",
     )
 
     def __init__(
         self,
         seq: int,
-        code: str,  # a ``CodeHead`` for a code of ``make_code``'s layout (``CodeMaker.compact``)
+        code: str | CodeBlock,  # the block of a code of ``make_code``'s layout, or the code
         data: bytes,
         key: str = "",
         priority: int = 0,
@@ -286,7 +299,7 @@ class Message(Entry):
         self.deadline = 0.0
         self.consumer = None
         self.last_consumer_id = 0
-        self.seq = seq
+        self._seq = seq - code.base if type(code) is CodeBlock else seq
         self._code = code
         self.data = data
         self.key = key
@@ -308,19 +321,25 @@ class Message(Entry):
         return self
 
     @property
-    def code(self) -> str:
-        """The message's 32 digits (made again from its head and ``seq``), or its foreign code."""
+    def seq(self) -> int:
         code = self._code
-        if type(code) is CodeHead:
-            return _FORMAT.code(code, self.seq)
-        return code
+        return code.base + self._seq if type(code) is CodeBlock else self._seq
+
+    @property
+    def code(self) -> str:
+        """The message's 32 digits (its block's and two more), or its foreign code."""
+        code = self._code
+        return code.head + _HEX2[self._seq] if type(code) is CodeBlock else code
 
     def delivered_code(self) -> str:
-        """The code, kept whole from now on: a message being delivered is read by its code
-        again (its push, its ack, their records), and is seldom queued long after."""
+        """The code, kept whole from now on (with the number): a message being delivered is
+        read by its code again (its push, its ack, their records), and is seldom queued long
+        after."""
         code = self._code
-        if type(code) is CodeHead:
-            code = self._code = _FORMAT.code(code, self.seq)
+        if type(code) is CodeBlock:
+            low = self._seq
+            self._seq = code.base + low
+            code = self._code = code.head + _HEX2[low]
         return code
 
     @property
@@ -330,8 +349,8 @@ class Message(Entry):
 
     @property
     def compact_code(self) -> bool:
-        """The code is made from the head and ``seq`` (the message is found by ``seq``)."""
-        return type(self._code) is CodeHead
+        """The code is made from a ``CodeBlock`` (``make_code``'s layout: it carries ``seq``)."""
+        return type(self._code) is CodeBlock
 
     @property
     def size(self) -> int:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from kapok.core import changes as ch
 from kapok.core.broker import Broker
-from kapok.core.model import CodeHead, CodeMaker, Entry, Message, Status
+from kapok.core.model import CodeBlock, CodeMaker, Entry, Message, Status
 from kapok.core.timers import RetentionQueue
 from kapok.core.topics import Group
 
@@ -163,7 +163,7 @@ class Restorer:
             msg.route(groups[1:], Status.READY)
         elif not groups:
             msg.finished_at = create_time
-        if type(code) is CodeHead:
+        if type(code) is CodeBlock:
             self._broker.messages.add_numbered(msg)
         else:
             self._broker.messages.add(msg)

@@ -7,16 +7,18 @@ from tests.unit.core.test_broker import make, pub
 
 from kapok.core import broker as broker_module
 from kapok.core.index import MessageIndex
-from kapok.core.model import CodeHead, CodeMaker, Draft, Message, Status, code_prefix, make_code
+from kapok.core.model import CodeBlock, CodeMaker, Draft, Message, Status, code_prefix, make_code
 from kapok.core.topics import Group, Topic
 
 GROUP = Group(Topic("t", make().settings.topic("t")), "g", durable=True)
-HEAD = code_prefix(1_700_000_000_000, 3)
+PREFIX = code_prefix(1_700_000_000_000, 3)
+BLOCKS = CodeMaker()
 
 
 def msg(seq: int, code: str | None = None) -> Message:
     """A message numbered ``seq``, with ``make_code``'s code, or the foreign ``code``."""
-    return Message(seq, HEAD if code is None else code, b"x", group=GROUP, status=Status.READY)
+    kept = BLOCKS.block(PREFIX, seq) if code is None else code
+    return Message(seq, kept, b"x", group=GROUP, status=Status.READY)
 
 
 def test_codes_are_found_and_iterated_in_sequence_order_with_strays_merged_in() -> None:
@@ -85,37 +87,44 @@ def test_numbers_far_ahead_start_the_list_again() -> None:
     assert all(index.get(m.code) is m for m in first + later)
 
 
-def test_a_message_that_waits_keeps_the_head_of_its_code_and_is_found_by_it(
+def test_a_message_that_waits_keeps_the_block_of_its_code_and_is_found_by_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Behind ``KEEP_CODES_QUEUED`` ready messages a published message keeps its batch's
-    shared head and its number, not its code; delivered, it keeps its code whole again."""
+    """Behind ``KEEP_CODES_QUEUED`` ready messages a published message keeps its code's
+    block, shared with up to 255 others of its batch, and the last byte of its number, not
+    its code and its number; delivered, it keeps its code and its number again."""
     monkeypatch.setattr(broker_module, "KEEP_CODES_QUEUED", 5)
     b = make()
     first = [pub(b, "t") for _ in range(3)]
     assert all(type(b.messages[c]._code) is str for c in first)  # soon delivered: kept whole
     batch = b.publish([Draft("t", str(i).encode()) for i in range(300)], 2_000.0)
     kept = [b.messages[c]._code for c in batch]
-    assert [type(k) for k in kept[:2]] == [str, str] and all(k is kept[2] for k in kept[2:])
-    assert type(kept[2]) is CodeHead and len(kept[2]) == 20  # one head across 256-number boundaries
+    assert [type(k) for k in kept[:2]] == [str, str] and all(type(k) is CodeBlock for k in kept[2:])
+    waiting = [b.messages[c] for c in batch[2:]]
+    assert len({id(k) for k in kept[2:]}) == 2  # numbers 6 to 303: two blocks of 256
+    assert all(0 <= m._seq < 256 for m in waiting)  # a byte: no int of its own
     assert [b.messages[c].code for c in batch] == batch
+    assert [m.seq for m in waiting] == list(range(6, 304))
     consumer = b.subscribe("t", now=2_001.0)
     pushed = [e.msg for e in b.take_pushes()[consumer.id]]
     assert [m.code for m in pushed] == [*first, *batch][: len(pushed)]
     assert all(type(m._code) is str for m in pushed)
+    assert [m.seq for m in pushed] == list(range(1, len(pushed) + 1))
     assert b.ack(consumer.id, [m.code for m in pushed], 2_002.0) == []
     assert all(b.messages[m.code] is m and not m.live for m in pushed)  # consumed, retained
 
 
-def test_replayed_codes_share_their_heads_and_foreign_codes_are_kept_whole() -> None:
+def test_replayed_codes_share_their_blocks_and_foreign_codes_are_kept_whole() -> None:
     codes = CodeMaker()
-    head = code_prefix(42, 7)
     made = [make_code(42, 7, seq) for seq in range(300)]
     kept = [codes.compact(code, seq) for seq, code in enumerate(made)]
-    assert all(k is kept[0] for k in kept) and kept[0] == head and type(kept[0]) is CodeHead
+    assert all(type(k) is CodeBlock for k in kept)
+    assert all(k is kept[0] for k in kept[:256]) and all(k is kept[256] for k in kept[256:])
+    assert [k.code(seq & 0xFF) for seq, k in enumerate(kept)] == made  # type: ignore[union-attr]
     assert codes.compact(made[5], 6) == made[5]  # not that number's code
     upper = make_code(42, 10, 5).upper()  # hex digits in upper case: made again exactly all the same
-    assert codes.compact(upper, 5) == upper[:20] and make_code(42, 10, 5)[20:] == upper[20:]
+    block = codes.compact(upper, 5)
+    assert type(block) is CodeBlock and block.code(5) == upper
     assert codes.compact("a-kapokmq-code", 5) == "a-kapokmq-code"
     big = 2**48 + 5  # beyond what a code carries
     assert codes.compact(make_code(42, 7, big), big) == make_code(42, 7, big)
