@@ -88,8 +88,11 @@ class MessageIndex:
             self._strays[msg.code] = msg
 
     def add(self, msg: Message) -> None:
-        """Index ``msg`` (its code not indexed yet)."""
-        if not msg.compact_code or msg.seq > SEQ_MASK or not self._place(msg):
+        """Index ``msg`` (its code not indexed yet): by its number if its code is made from a
+        ``CodeBlock``, else as a stray."""
+        if msg.compact_code:
+            self.add_numbered(msg)
+        else:
             self._strays[msg.code] = msg
 
     def _place(self, msg: Message) -> bool:

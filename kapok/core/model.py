@@ -132,7 +132,8 @@ class CodeBlock:
 
 
 class CodeMaker:
-    """``make_code`` for consecutive sequence numbers, without formatting an int per message.
+    """The ``CodeBlock`` of ``make_code`` for consecutive sequence numbers, without
+    formatting an int per message.
 
     Formatting an int costs about as much as the rest of storing a message.
     The codes of one publish batch share their first 30 digits (time, node,
@@ -156,10 +157,6 @@ class CodeMaker:
             self._last = (prefix, high, block)
         return block
 
-    def code(self, prefix: str, seq: int) -> str:
-        """``make_code`` of the ``prefix`` (``code_prefix``) and ``seq``."""
-        return self.block(prefix, seq).head + _HEX2[seq & 0xFF]
-
     def compact(self, code: str, seq: int) -> CodeBlock | str:
         """What a ``Message`` keeps of ``code``, the code of message ``seq``: a shared
         ``CodeBlock`` if ``code`` is ``make_code``'s for ``seq`` (the block of the last
@@ -170,7 +167,7 @@ class CodeMaker:
         if len(code) != 32 or seq > SEQ_MASK:
             return code
         block = self.block(code[:20], seq)
-        return block if block.head + _HEX2[seq & 0xFF] == code else code
+        return block if block.code(seq & 0xFF) == code else code
 
 
 class Entry:

@@ -125,7 +125,7 @@ def apply_all(
 class Restorer:
     """Builds the messages of published records (their codes not known yet), entries ready
     in each group. Decoded records hold fresh objects per message; a message keeps the
-    broker's own names (or interned ones), the head of its code shared with the messages
+    broker's own names (or interned ones), the block of its code shared with the messages
     of its batch (``CodeMaker.compact``), and its batch's time, so that a million recovered
     messages hold no more than a million published ones."""
 
@@ -163,7 +163,7 @@ class Restorer:
             msg.route(groups[1:], Status.READY)
         elif not groups:
             msg.finished_at = create_time
-        if type(code) is CodeBlock:
+        if type(code) is CodeBlock:  # the common case, without ``add``'s own test of it
             self._broker.messages.add_numbered(msg)
         else:
             self._broker.messages.add(msg)
@@ -187,8 +187,8 @@ def finish_recovery(broker: Broker, now: float, reason: str = "recovery") -> int
     claim (``kapok.core.claims``) is not: it stays in flight under its claim, with a fresh
     lease of the claim's length, for its reader to fetch again and ack."""
     broker.admission.dedup.expire(now)
-    # A copy: ``resume_all`` forgets finished messages whose retention is over.
-    redelivered = broker.resume_all(list(broker.messages.values()), now, reason)
+    # ``values()`` walks a copy: ``resume_all`` forgets finished messages past their retention.
+    redelivered = broker.resume_all(broker.messages.values(), now, reason)
     broker.resume_claims(now)
     broker.dispatch(now)
     return redelivered
@@ -203,8 +203,8 @@ def state_records(broker: Broker, now: float) -> Iterator[ch.Change]:
                 yield ch.GroupCreated(topic.name, group.name, now)
     for added, topic_name, dedup_id, code in broker.admission.dedup.items():
         yield ch.Deduped(topic_name, dedup_id, code, added)
-    for msg in list(broker.messages.values()):
-        if broker.messages.get(code := msg.code) is not msg:
+    for msg in broker.messages.values():  # a copy, walked in slices while the node serves
+        if broker.messages.find(code := msg.code, msg.seq) is not msg:
             continue  # deleted or purged since the walk began
         durable = [e for e in msg.all_entries() if e.group.durable]
         yield ch.Published(
