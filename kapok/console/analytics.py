@@ -21,7 +21,7 @@ from typing import Any, Final
 import orjson
 
 from kapok.config import Config
-from kapok.core.model import Message, Status
+from kapok.core.model import Held, Status
 
 __all__ = [
     "Candidate",
@@ -177,7 +177,7 @@ def _percentile(sorted_values: list[float], p: float) -> float:
     return sorted_values[rank - 1]
 
 
-def from_messages(messages: Iterable[Message], now: float) -> dict[str, Any]:
+def from_messages(messages: Iterable[Held], now: float) -> dict[str, Any]:
     """Chart data from the messages a node holds (the newest ``NODE_SCAN_MAX``): per topic,
     the messages held, their deliveries and how they ended; latency is ack time − creation
     time of the consumed ones still retained."""

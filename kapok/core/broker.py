@@ -48,6 +48,7 @@ from kapok.core.model import (
     NO_ROOM_LIMIT,
     PUSH_OVERHEAD_BYTES,
     SEQ_MASK,
+    CodeBlock,
     CodeMaker,
     Consumer,
     Draft,
@@ -55,6 +56,7 @@ from kapok.core.model import (
     GroupEntry,
     Message,
     Status,
+    Waiting,
     code_prefix,
 )
 from kapok.core.routing import compile_pattern
@@ -68,8 +70,24 @@ __all__ = ["Broker", "Draft", "Settle", "Stats"]
 MAX_NAME_CHARS = 255
 # Up to this many messages ready in its group, a message published keeps its code whole (at
 # most ~1 MB a group): it is soon delivered, and its code read again (push, ack, records).
+# Past it, a plain one is stored as a ``Waiting`` (``Waiting`` in kapok.core.model).
 KEEP_CODES_QUEUED = 10_000
 _READY, _DELAYED, _INFLIGHT = Status.READY, Status.DELAYED, Status.INFLIGHT
+
+
+def _plain(
+    topic: Topic, groups: tuple[Group, ...], key: str, d: Draft, headers: dict[str, str] | None
+) -> bool:
+    """A message due now without a TTL that has nothing else a ``Waiting`` lacks: one listed
+    group, no key, priority 0, no headers, in a topic that keeps no publish order."""
+    return (
+        len(groups) == 1
+        and not key
+        and not d.priority
+        and headers is None
+        and topic.order is None
+        and not groups[0].unlisted
+    )
 
 
 @dataclass(slots=True)
@@ -124,6 +142,7 @@ class Broker:
         self.timers = Timers(settings.retain_consumed_max)
         self._seq = first_seq
         self._codes = CodeMaker()
+        self.keep_codes_queued = KEEP_CODES_QUEUED  # (tests lower it)
         self._next_consumer = 1
         self._pushes: dict[int, list[Entry]] = {}
         self._changes: list[ch.Change] = []
@@ -184,8 +203,11 @@ class Broker:
         topic = group.topic
         name = group.name
         added = 0
-        for msg in self.messages.values():
-            if msg.topic != topic.name or not msg.live or msg.entry(name) is not None:
+        for held in self.messages.held():
+            if held.topic != topic.name or not held.live:
+                continue
+            msg = held.resolve() if type(held) is Waiting else held  # it gets a second entry
+            if msg.entry(name) is not None:
                 continue
             delayed = now is not None and msg.deliver_at > now
             entry = GroupEntry(msg, group, Status.DELAYED if delayed else Status.READY)
@@ -207,7 +229,7 @@ class Broker:
         del topic.groups[group.name]
         topic.groups_changed()
         self._dirty.discard(group)
-        pending: list[Entry] = [e for q in group.queues() for e in q]
+        pending: list[Entry] = [e.resolve() if type(e) is Waiting else e for q in group.queues() for e in q]
         pending.extend(group.parked)
         if topic.delayed_count:
             pending.extend(
@@ -280,7 +302,15 @@ class Broker:
         groups = topic.group_list
         # A message that will wait (behind many others, or for its time) keeps its code's block,
         # not the code: see CodeBlock. One delivered soon keeps the code it has already.
-        waits = delayed or not groups or groups[0].ready_count >= KEEP_CODES_QUEUED
+        waits = delayed or not groups or groups[0].ready_count >= self.keep_codes_queued
+        if (
+            waits
+            and seq <= SEQ_MASK
+            and deliver_at == now
+            and not expire_at
+            and _plain(topic, groups, key, d, headers)
+        ):
+            return self._store_waiting(topic, groups[0], d, block, seq, code, now)
         msg = Message(
             seq, block if waits and seq <= SEQ_MASK else code, d.data, key, d.priority, now, deliver_at,
             expire_at, d.producer_id, d.dedup_id, headers, group=groups[0] if groups else topic.no_group(),
@@ -318,6 +348,28 @@ class Broker:
             self.timers.delay(msg)
         if expire_at:
             self.timers.expire(msg)
+        return code
+
+    def _store_waiting(
+        self, topic: Topic, group: Group, d: Draft, block: CodeBlock, seq: int, code: str, now: float
+    ) -> str:
+        """``_store`` of a plain message that waits far back: as a ``Waiting``."""
+        held = Waiting(seq, block, d.data, now, d.producer_id, d.dedup_id, group)
+        self.messages.add_numbered(held)
+        self.stats.published += 1
+        (group.ready[0] or group.queue(0)).append(held)
+        group.ready_count += 1
+        self._dirty.add(group)
+        if self.journal:
+            self._changes.append(
+                ch.Published(
+                    seq, code, topic.name, d.data, "", 0, now, now, 0.0, d.producer_id, d.dedup_id, None,
+                    topic.durable,
+                )
+            )  # fmt: skip
+        topic.live_count += 1
+        topic.live_bytes += len(d.data)
+        self.backlog_bytes += len(d.data) + MESSAGE_OVERHEAD_BYTES
         return code
 
     def _enforce_limits(self, topic: Topic, now: float) -> None:
@@ -783,19 +835,20 @@ class Broker:
                 self._dirty.add(entry.group)
         return redelivered
 
-    def resume_all(self, messages: Iterable[Message], now: float, reason: str = "recovery") -> int:
+    def resume_all(self, messages: Iterable[Message | Waiting], now: float, reason: str = "recovery") -> int:
         """``resume`` every replayed live message and ``retire`` every finished one, in the
         order given (publish order); returns how many entries are delivered again. The common
-        message (its one entry ready, never delivered, due, with no TTL) is queued the short
-        way: a million of them come back at every start-up."""
+        message (its one entry ready, never delivered, due, with no TTL; every ``Waiting``) is
+        queued the short way: a million of them come back at every start-up."""
         dirty = self._dirty
         redelivered = 0
         added = 0
         for msg in messages:
-            if msg.finished_at:  # not ``live``
-                self.retire(msg, now)
-            elif (
-                msg.status is _READY
+            if type(msg) is Waiting and msg.create_time > now:
+                msg = msg.resolve()  # due after now (the clock went back): the long way
+            if type(msg) is Waiting or (
+                not msg.finished_at
+                and msg.status is _READY
                 and not msg.attempts
                 and not msg.more
                 and not msg.expire_at
@@ -807,11 +860,13 @@ class Broker:
                 topic.live_count += 1
                 topic.live_bytes += size
                 added += size + MESSAGE_OVERHEAD_BYTES
-                if topic.order is not None:
+                if topic.order is not None and type(msg) is Message:  # (never a ``Waiting``'s topic)
                     topic.order.append(msg)
                 (group.ready[msg.priority] or group.queue(msg.priority)).append(msg)
                 group.ready_count += 1
                 dirty.add(group)
+            elif msg.finished_at:  # not ``live``
+                self.retire(msg, now)
             else:
                 redelivered += self.resume(msg, now, reason)
         self.backlog_bytes += added
@@ -895,6 +950,7 @@ class Broker:
         timed: deque[Entry] | None = None
         deadline = 0.0
         delivered = redelivered = 0
+        find = self.messages.find
         for entry, c in group.assign():
             if c is not consumer:  # one deadline and one push list per consumer and call
                 consumer = c
@@ -908,7 +964,10 @@ class Broker:
             entry.last_delivered_at = now
             entry.consumer = c
             msg = entry.msg
+            waited = msg.compact_code
             code = msg.delivered_code()
+            if waited:  # perhaps as a ``Waiting`` until now: the index holds the message from here on
+                find(code, msg.seq)
             held[code] = entry
             c.room -= len(msg.data) + PUSH_OVERHEAD_BYTES
             if deadlines is not None and timed is not None:

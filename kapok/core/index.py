@@ -6,7 +6,9 @@ index is a list addressed by sequence number: ``rows[seq - base]``. Finding
 a code reads the number back from it and checks that the message found there
 has that very code. A dict entry by code cost ~41 bytes a message and the
 code string itself 96 more; a list slot costs 8 and a ``Message`` that waits
-keeps no code (``CodeBlock``).
+keeps no code (``CodeBlock``). A message that waits far back may be held as a
+``Waiting`` (``Waiting`` in kapok.core.model): a lookup makes it a ``Message`` and
+keeps that in its place; ``held`` and ``newest_first`` read it as it is.
 
 Finished messages leave holes (``None``); the holes at the front are cut
 off once they are half the list. The few messages the list cannot hold are
@@ -23,7 +25,7 @@ import heapq
 import operator
 from collections.abc import Iterator
 
-from kapok.core.model import SEQ_MASK, Message, code_seq
+from kapok.core.model import SEQ_MASK, Held, Message, Waiting, code_seq
 
 __all__ = ["MessageIndex"]
 
@@ -39,17 +41,20 @@ class MessageIndex:
     __slots__ = ("_base", "_count", "_rows", "_start", "_strays")
 
     def __init__(self) -> None:
-        self._rows: list[Message | None] = []
+        self._rows: list[Held | None] = []
         self._base = 0  # the sequence number of rows[0]
         self._start = 0  # rows[:_start] are holes
         self._count = 0  # messages in rows
-        self._strays: dict[str, Message] = {}
+        self._strays: dict[str, Held] = {}
 
     def __len__(self) -> int:
         return self._count + len(self._strays)
 
     def __contains__(self, code: object) -> bool:
-        return isinstance(code, str) and self.get(code) is not None
+        if not isinstance(code, str):
+            return False
+        seq = code_seq(code)
+        return self._locate(code, seq if seq is not None else -1) is not None
 
     def __getitem__(self, code: str) -> Message:
         msg = self.get(code)
@@ -59,7 +64,7 @@ class MessageIndex:
 
     def __iter__(self) -> Iterator[str]:
         """The codes, in sequence order."""
-        return (msg.code for msg in self.values())
+        return (msg.code for msg in self._walk())
 
     def get(self, code: str) -> Message | None:
         seq = code_seq(code)
@@ -67,7 +72,25 @@ class MessageIndex:
 
     def find(self, code: str, seq: int) -> Message | None:
         """``get(code)`` for a code known to be message ``seq``'s if it is ``make_code``'s
-        (replay's question of every record it is given), without reading the number back."""
+        (replay's question of every record it is given), without reading the number back.
+        A ``Waiting`` found is made a ``Message``, which takes its place."""
+        i = seq - self._base
+        rows = self._rows
+        if 0 <= i < len(rows):
+            msg = rows[i]
+            if msg is not None and msg.code == code:
+                if type(msg) is Waiting:
+                    msg = rows[i] = msg.resolve()
+                return msg
+        strays = self._strays
+        if not strays:
+            return None
+        held = strays.get(code)
+        if type(held) is Waiting:
+            held = strays[code] = held.resolve()
+        return held
+
+    def _locate(self, code: str, seq: int) -> Held | None:
         i = seq - self._base
         rows = self._rows
         if 0 <= i < len(rows):
@@ -77,7 +100,7 @@ class MessageIndex:
         strays = self._strays
         return strays.get(code) if strays else None
 
-    def add_numbered(self, msg: Message) -> None:
+    def add_numbered(self, msg: Held) -> None:
         """Index ``msg``, whose code is of ``make_code``'s layout, whole or not (``CodeBlock``):
         every message published here, and every replayed one with such a code."""
         rows = self._rows
@@ -87,7 +110,7 @@ class MessageIndex:
         elif msg.seq > SEQ_MASK or not self._place(msg):
             self._strays[msg.code] = msg
 
-    def add(self, msg: Message) -> None:
+    def add(self, msg: Held) -> None:
         """Index ``msg`` (its code not indexed yet): by its number if its code is made from a
         ``CodeBlock``, else as a stray."""
         if msg.compact_code:
@@ -95,7 +118,7 @@ class MessageIndex:
         else:
             self._strays[msg.code] = msg
 
-    def _place(self, msg: Message) -> bool:
+    def _place(self, msg: Held) -> bool:
         """Put ``msg``, whose code carries its number, in the list if it fits there."""
         rows = self._rows
         if not self._count:
@@ -122,10 +145,11 @@ class MessageIndex:
         return True
 
     def discard(self, msg: Message) -> bool:
-        """Forget ``msg`` if it is indexed; whether it was."""
+        """Forget ``msg`` if it is indexed (itself, or the ``Waiting`` it was made from);
+        whether it was."""
         rows = self._rows
         i = msg.seq - self._base
-        if 0 <= i < len(rows) and rows[i] is msg:
+        if 0 <= i < len(rows) and ((held := rows[i]) is msg or _holds(held, msg)):
             rows[i] = None
             count = self._count = self._count - 1
             if i == self._start:
@@ -141,10 +165,18 @@ class MessageIndex:
         strays = self._strays
         if strays:
             code = msg.code
-            if strays.get(code) is msg:
+            if _holds(strays.get(code), msg):
                 del strays[code]
                 return True
         return False
+
+    def holds(self, msg: Held) -> bool:
+        """``msg`` (a message as ``held`` gives it) is still indexed."""
+        rows = self._rows
+        i = msg.seq - self._base
+        if 0 <= i < len(rows) and _holds(rows[i], msg):
+            return True
+        return bool(self._strays) and _holds(self._strays.get(msg.code), msg)
 
     def pop(self, code: str) -> Message | None:
         """Forget the message of ``code`` and return it (None: none)."""
@@ -154,22 +186,31 @@ class MessageIndex:
         return msg
 
     def values(self) -> Iterator[Message]:
-        """Every message, in sequence order (a copy: the index may change while it is walked)."""
+        """Every message, in sequence order (a copy: the index may change while it is walked),
+        each ``Waiting`` made a ``Message``: for the walks that change messages."""
+        return (msg.resolve() if type(msg) is Waiting else msg for msg in self._walk())
+
+    def held(self) -> Iterator[Held]:
+        """Every message as it is held (``Waiting.current``), in sequence order, a copy: for
+        the walks that only read, which then make no ``Message`` of a ``Waiting``."""
+        return map(_current, self._walk())
+
+    def _walk(self) -> Iterator[Held]:
         start = self._start
         if len(self._rows) - start == self._count:  # no holes: recovery's million messages
-            rows: Iterator[Message] = iter(self._rows[start:])  # type: ignore[arg-type]
+            rows: Iterator[Held] = iter(self._rows[start:])  # type: ignore[arg-type]
         else:
             rows = (msg for msg in self._rows[start:] if msg is not None)
         if not self._strays:
             return rows
         return heapq.merge(sorted(self._strays.values(), key=_SEQ), rows, key=_SEQ)
 
-    def newest_first(self) -> Iterator[Message]:
-        """Every message, highest sequence number first."""
-        rows = (msg for msg in reversed(self._rows[self._start :]) if msg is not None)
+    def newest_first(self) -> Iterator[Held]:
+        """Every message as it is held, highest sequence number first (see ``held``)."""
+        rows = (_current(msg) for msg in reversed(self._rows[self._start :]) if msg is not None)
         if not self._strays:
             return rows
-        strays = sorted(self._strays.values(), key=_SEQ, reverse=True)
+        strays = sorted(map(_current, self._strays.values()), key=_SEQ, reverse=True)
         return heapq.merge(strays, rows, key=_SEQ, reverse=True)
 
     def items(self) -> Iterator[tuple[str, Message]]:
@@ -208,3 +249,12 @@ class MessageIndex:
                 self._strays[msg.code] = msg
                 self._count -= 1
         del rows[:end]
+
+
+def _holds(held: Held | None, msg: Held) -> bool:
+    """``held`` is ``msg``, or the ``Waiting`` it was made from."""
+    return held is msg or (type(held) is Waiting and held.moved is msg)
+
+
+def _current(held: Held) -> Held:
+    return held.current() if type(held) is Waiting else held

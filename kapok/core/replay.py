@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from kapok.core import changes as ch
 from kapok.core.broker import Broker
-from kapok.core.model import CodeBlock, CodeMaker, Entry, Message, Status
+from kapok.core.model import CodeBlock, CodeMaker, Entry, Held, Message, Status, Waiting
 from kapok.core.timers import RetentionQueue
 from kapok.core.topics import Group
 
@@ -116,7 +116,7 @@ def apply_all(
         msg = restore(record)
         if record.seq > top:
             top = record.seq
-        if dropped is not None and not record.groups:
+        if dropped is not None and type(msg) is Message and not record.groups:
             dropped(msg)
     broker.restore_seq(top + 1)
     return count
@@ -136,24 +136,39 @@ class Restorer:
         self._codes = CodeMaker()
         # A record's groups, and its first group (the topic's ``no_group`` when it has
         # none), by its topic and group names.
-        self._routes: dict[tuple[str, tuple[str, ...]], tuple[tuple[Group, ...], Group]] = {}
+        self._routes: dict[tuple[str, tuple[str, ...]], tuple[tuple[Group, ...], Group, bool]] = {}
         self._time = 0.0
 
-    def restore(self, record: ch.Published) -> Message:
+    def restore(self, record: ch.Published) -> Held:
         route = self._routes.get((record.topic, record.groups))
         if route is None:
             route = self._routes[record.topic, record.groups] = self._route(record)
-        groups, first = route
+        groups, first, plain = route
         create_time = record.create_time
         if create_time == self._time:
             create_time = self._time
         else:
             self._time = create_time
-        deliver_at = create_time if record.deliver_at == create_time else record.deliver_at
         seq = record.seq
         code = self._codes.compact(record.code, seq)
         key = record.key
         producer = record.producer_id
+        if (
+            plain
+            and record.deliver_at == create_time
+            and not key
+            and not record.priority
+            and not record.expire_at
+            and record.headers is None
+        ):  # a plain message: as a ``Waiting`` (the records that follow it may make it a ``Message``)
+            producer = sys.intern(producer) if producer else ""
+            held = Waiting(seq, code, record.data, create_time, producer, record.dedup_id, first)
+            if type(code) is CodeBlock:
+                self._broker.messages.add_numbered(held)
+            else:
+                self._broker.messages.add(held)
+            return held
+        deliver_at = create_time if record.deliver_at == create_time else record.deliver_at
         msg = Message(
             seq, code, record.data, sys.intern(key) if key else "", record.priority, create_time,
             deliver_at, record.expire_at or 0.0, sys.intern(producer) if producer else "",
@@ -169,11 +184,14 @@ class Restorer:
             self._broker.messages.add(msg)
         return msg
 
-    def _route(self, record: ch.Published) -> tuple[tuple[Group, ...], Group]:
+    def _route(self, record: ch.Published) -> tuple[tuple[Group, ...], Group, bool]:
+        """The record's groups, its first group, and whether a plain message of the route
+        may be a ``Waiting`` (one listed group, a topic that keeps no publish order)."""
         broker = self._broker
         topic = broker.restore_topic(record.topic)
         groups = tuple(broker.restore_group(topic, name, record.create_time) for name in record.groups)
-        return groups, groups[0] if groups else topic.no_group()
+        plain = len(groups) == 1 and topic.order is None and not groups[0].unlisted
+        return groups, groups[0] if groups else topic.no_group(), plain
 
 
 def _entry(broker: Broker, code: str, group: str) -> Entry | None:
@@ -187,8 +205,8 @@ def finish_recovery(broker: Broker, now: float, reason: str = "recovery") -> int
     claim (``kapok.core.claims``) is not: it stays in flight under its claim, with a fresh
     lease of the claim's length, for its reader to fetch again and ack."""
     broker.admission.dedup.expire(now)
-    # ``values()`` walks a copy: ``resume_all`` forgets finished messages past their retention.
-    redelivered = broker.resume_all(broker.messages.values(), now, reason)
+    # ``held()`` walks a copy: ``resume_all`` forgets finished messages past their retention.
+    redelivered = broker.resume_all(broker.messages.held(), now, reason)
     broker.resume_claims(now)
     broker.dispatch(now)
     return redelivered
@@ -203,16 +221,18 @@ def state_records(broker: Broker, now: float) -> Iterator[ch.Change]:
                 yield ch.GroupCreated(topic.name, group.name, now)
     for added, topic_name, dedup_id, code in broker.admission.dedup.items():
         yield ch.Deduped(topic_name, dedup_id, code, added)
-    for msg in broker.messages.values():  # a copy, walked in slices while the node serves
-        if broker.messages.find(code := msg.code, msg.seq) is not msg:
+    messages = broker.messages
+    for msg in messages.held():  # a copy, walked in slices while the node serves
+        if not messages.holds(msg):
             continue  # deleted or purged since the walk began
+        code = msg.code
         durable = [e for e in msg.all_entries() if e.group.durable]
         yield ch.Published(
             msg.seq, code, msg.topic, msg.data, msg.key, msg.priority, msg.create_time, msg.deliver_at,
             msg.expire_at, msg.producer_id, msg.dedup_id, msg.headers, tuple(e.group.name for e in durable),
         )  # fmt: skip
         for e in durable:
-            if e.attempts:
+            if isinstance(e, Entry) and e.attempts:  # (a ``Waiting`` was never delivered)
                 claims = e.group.claims
                 claim = claims.of.get(e) if claims is not None else None
                 # The consumer is known while a subscriber holds the entry; a pull lessee is
@@ -253,13 +273,13 @@ class Mirror:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self._finished: RetentionQueue[Message] = RetentionQueue(broker.settings.retain_consumed_max)
-        for msg in broker.messages.values():  # what recovery replayed into it already
-            if not msg.live:
+        for msg in broker.messages.held():  # what recovery replayed into it already
+            if type(msg) is Message and not msg.live:
                 self._retire(msg)
 
     def apply(self, record: ch.Change) -> None:
         apply(self.broker, record)
-        if isinstance(record, ch.Settled | ch.Published):
+        if isinstance(record, ch.Settled) or (isinstance(record, ch.Published) and not record.groups):
             msg = self.broker.messages.get(record.code)
             if msg is not None and not msg.live and msg.finished_at == _finished_at(record):
                 self._retire(msg)

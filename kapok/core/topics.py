@@ -17,7 +17,9 @@ deques, one per priority; ``Group.assign`` hands them to consumers:
   it cannot block an entry another consumer could take now.
 
 Entries leave deques lazily: one that stopped being READY while queued
-(expired, dropped, deleted) is discarded when it reaches the head.
+(expired, dropped, deleted) is discarded when it reaches the head. A plain
+message far back may wait as a ``Waiting`` (``Waiting`` in kapok.core.model), made a
+``Message`` when it reaches the head, unless a lookup by code made it earlier.
 """
 
 from __future__ import annotations
@@ -26,14 +28,16 @@ from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from kapok.core.model import Consumer, Entry, Status
+from kapok.core.model import Consumer, Entry, Status, Waiting
 
 if TYPE_CHECKING:
     from kapok.core.claims import Claims
     from kapok.core.model import Message
     from kapok.core.settings import TopicSettings
 
-__all__ = ["DEFAULT_GROUP", "Group", "Topic"]
+__all__ = ["DEFAULT_GROUP", "Group", "Queued", "Topic"]
+
+Queued = Entry | Waiting  # what a ready queue holds (a ``Waiting``: see ``Waiting`` in kapok.core.model)
 
 DEFAULT_GROUP = "default"
 PRIORITIES = 10
@@ -66,7 +70,7 @@ class Group:
         self.unlisted = False  # a topic's no_group: a message's entry there is not listed
         # One FIFO per priority, made on first use: an empty deque costs 600
         # bytes, and most groups only ever see priority 0.
-        self.ready: list[deque[Entry] | None] = [None] * PRIORITIES
+        self.ready: list[deque[Queued] | None] = [None] * PRIORITIES
         self.parked: list[Entry] = []  # a list: an empty deque is 600 bytes, per group
         self.ready_count = 0  # READY entries in ``ready`` and ``parked``
         self.consumers: list[Consumer] = []
@@ -76,13 +80,13 @@ class Group:
         self._rr = 0
         self._weighted = False
 
-    def queue(self, priority: int) -> deque[Entry]:
+    def queue(self, priority: int) -> deque[Queued]:
         queue = self.ready[priority]
         if queue is None:
             queue = self.ready[priority] = deque()
         return queue
 
-    def queues(self) -> Iterator[deque[Entry]]:
+    def queues(self) -> Iterator[deque[Queued]]:
         """The priority FIFOs made so far, highest priority first."""
         return (q for q in reversed(self.ready) if q is not None)
 
@@ -134,16 +138,20 @@ class Group:
             for queue in reversed(self.ready):
                 while queue and c.prefetch > len(c.held) and c.room > 0:
                     entry = queue.popleft()
+                    if type(entry) is Waiting:
+                        entry = entry.resolve()
                     if entry.status is ready:
                         self.ready_count -= 1
                         yield entry, c
             return
-        skipped: list[tuple[deque[Entry], Entry]] = []
+        skipped: list[tuple[deque[Queued], Entry]] = []
         pick = self._pick
         try:
             for queue in reversed(self.ready):
                 while queue:
                     entry = queue[0]
+                    if type(entry) is Waiting:
+                        entry = queue[0] = entry.resolve()
                     if entry.status is not ready:
                         queue.popleft()
                         continue

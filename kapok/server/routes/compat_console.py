@@ -178,7 +178,7 @@ async def del_message(request: web.Request, service: BrokerService) -> Any:
 async def count_message(request: web.Request, service: BrokerService) -> Any:
     now = service.now()
     counts = {1: 0, 0: 0, -1: 0}
-    for msg in service.broker.iter_messages():
+    for msg in service.broker.messages.held():
         counts[msg.wire_status(now)] += 1
     data = {"all": sum(counts.values()), "consumed": counts[1], "delay": counts[0], "unconsumed": counts[-1]}
     return {"code": 0, "data": data}

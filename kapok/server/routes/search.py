@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kapok.core.index import MessageIndex
-from kapok.core.model import Message, Status
+from kapok.core.model import Entry, Held, Message, Status, Waiting
 
 __all__ = ["MessageQuery", "SearchPage", "search_messages"]
 
@@ -31,7 +31,7 @@ class MessageQuery:
     end: float | None = None  # create_time <= end
     code: str = ""  # a whole code, or its first characters
 
-    def matches(self, msg: Message, now: float) -> bool:
+    def matches(self, msg: Held, now: float) -> bool:
         if self.topic and msg.topic != self.topic:
             return False
         if self.code and not msg.code.startswith(self.code):
@@ -43,7 +43,7 @@ class MessageQuery:
         if self.wire_status is not None and msg.wire_status(now) != self.wire_status:
             return False
         if self.group or self.status:
-            entries = msg.all_entries()
+            entries: tuple[Entry | Waiting, ...] = msg.all_entries()
             if self.group:
                 entries = tuple(e for e in entries if e.group.name == self.group)
             if not entries or (self.status and all(e.status.value != self.status for e in entries)):
@@ -62,11 +62,12 @@ def search_messages(
 ) -> SearchPage:
     """Page ``page`` (from 1) of ``size`` matches, newest first (codes sort by creation time).
 
-    A whole code is looked up in the node's index, not scanned for.
+    A whole code is looked up in the node's index, not scanned for. The scan reads a
+    ``Waiting`` as it is; only the page's are made messages.
     """
     exact = messages.get(query.code) if query.code else None
-    candidates: Iterable[Message] = (exact,) if exact is not None else messages.values()
+    candidates: Iterable[Held] = (exact,) if exact is not None else messages.held()
     found = [m for m in candidates if query.matches(m, now)]
     first = (page - 1) * size
     top = heapq.nlargest(first + size, found, key=lambda m: m.code)
-    return SearchPage(len(found), top[first:])
+    return SearchPage(len(found), [m.resolve() if type(m) is Waiting else m for m in top[first:]])

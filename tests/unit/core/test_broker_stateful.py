@@ -14,6 +14,7 @@ are part of what is tested.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import hypothesis.strategies as st
@@ -22,8 +23,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from kapok.config import Config, FrozenMap, TopicOverride
 from kapok.core.broker import Broker, Draft
-from kapok.core.model import Consumer, Entry, Status
-from kapok.core.topics import DEFAULT_GROUP
+from kapok.core.model import Consumer, Entry, Status, Waiting
+from kapok.core.topics import DEFAULT_GROUP, Queued
 
 P2P, PUBSUB = "t0", "t1"
 TOPICS = (P2P, PUBSUB)
@@ -48,8 +49,8 @@ CONFIG = replace(
 
 draft_st = st.tuples(
     st.sampled_from(TOPICS),
-    st.sampled_from(KEYS),
-    st.integers(0, 9),
+    st.sampled_from(("", *KEYS)),
+    st.sampled_from([0, 0, 0, 1, 5, 9]),
     st.sampled_from([0.0, 0.0, 0.0, 0.5, 2.0, 7.0]),
     st.sampled_from(["", "", "", "", "d0", "d1"]),
 )
@@ -374,10 +375,11 @@ class BrokerMachine(RuleBasedStateMachine):
                 ]
                 assert group.ready_count == len(ready)
                 queued: Counter[int] = Counter()
-                for q in [*group.queues(), group.parked]:
+                held: list[Iterable[Queued]] = [*group.queues(), group.parked]
+                for q in held:
                     for e in q:
                         assert e.status is Status.READY or e.status.final, f"queued while {e.status}"
-                        queued[id(e)] += 1
+                        queued[id(e.current() if type(e) is Waiting else e)] += 1  # (``msgs`` made it)
                 for e in ready:
                     assert queued[id(e)] == 1, "a READY entry must be queued exactly once"
                 assert all(c.group is group for c in group.consumers)
@@ -432,3 +434,20 @@ BrokerMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestBrokerStateMachine = BrokerMachine.TestCase
+
+
+class WaitingBrokerMachine(BrokerMachine):
+    """The same, with every plain message past the first ready one in its group held as a
+    ``Waiting`` (``Waiting`` in kapok.core.model)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.b.keep_codes_queued = 1
+
+    @rule(topic=st.sampled_from(TOPICS), n=st.integers(1, 6), dedup=st.sampled_from(["", "", "d0"]))
+    def publish_plain(self, topic: str, n: int, dedup: str) -> None:
+        self.publish([(topic, "", 0, 0.0, dedup)] * n)
+
+
+WaitingBrokerMachine.TestCase.settings = settings(BrokerMachine.TestCase.settings, max_examples=150)
+TestWaitingBrokerStateMachine = WaitingBrokerMachine.TestCase
