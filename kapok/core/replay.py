@@ -27,8 +27,9 @@ the state at the end of the WAL.
 
 from __future__ import annotations
 
+import itertools
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Set
 
 from kapok.core import changes as ch
 from kapok.core.broker import Broker
@@ -37,6 +38,10 @@ from kapok.core.timers import RetentionQueue
 from kapok.core.topics import Group
 
 __all__ = ["Mirror", "Restorer", "apply", "apply_all", "finish_recovery", "state_records"]
+
+# Records ``apply_all`` looks at before it applies them: a busy log delivers a message a few
+# hundred records after publishing it.
+LOOKAHEAD = 4096
 
 
 def apply(broker: Broker, record: ch.Change, restorer: Restorer | None = None) -> None:
@@ -91,7 +96,7 @@ def apply(broker: Broker, record: ch.Change, restorer: Restorer | None = None) -
 def apply_all(
     broker: Broker,
     records: Iterable[ch.Change],
-    other: Callable[[ch.Change], None] | None = None,
+    other: Callable[[ch.Change, Restorer], None] | None = None,
     dropped: Callable[[Message], None] | None = None,
 ) -> int:
     """``apply`` every record of ``records`` in order; returns how many. The common record,
@@ -99,25 +104,32 @@ def apply_all(
     way (recovery replays a million of them): its topic's and groups' objects are looked up
     once per routing, and the sequence number is restored once at the end. A mirror gives
     ``other``, what it does with every other record, and ``dropped``, what it does with a
-    message published to no group (finished at once)."""
+    message published to no group (finished at once).
+
+    Records are taken ``LOOKAHEAD`` at a time, and a message that one of them delivers is
+    made a ``Message`` at once, not a ``Waiting`` to be made one a few records later."""
     find = broker.messages.find
     restorer = Restorer(broker)
     restore = restorer.restore
     top = -1
     count = 0
-    for record in records:
-        count += 1
-        if type(record) is not ch.Published or record.dedup_id or find(record.code, record.seq) is not None:
-            if other is None:
-                apply(broker, record, restorer)
-            else:
-                other(record)
-            continue
-        msg = restore(record)
-        if record.seq > top:
-            top = record.seq
-        if dropped is not None and type(msg) is Message and not record.groups:
-            dropped(msg)
+    published, delivered = ch.Published, ch.Delivered
+    records = iter(records)
+    while chunk := list(itertools.islice(records, LOOKAHEAD)):
+        restorer.soon = {r.code for r in chunk if type(r) is delivered}
+        count += len(chunk)
+        for record in chunk:
+            if type(record) is not published or record.dedup_id or find(record.code, record.seq) is not None:
+                if other is None:
+                    apply(broker, record, restorer)
+                else:
+                    other(record, restorer)
+                continue
+            msg = restore(record)
+            if record.seq > top:
+                top = record.seq
+            if dropped is not None and type(msg) is Message and not record.groups:
+                dropped(msg)
     broker.restore_seq(top + 1)
     return count
 
@@ -129,10 +141,11 @@ class Restorer:
     of its batch (``CodeMaker.compact``), and its batch's time, so that a million recovered
     messages hold no more than a million published ones."""
 
-    __slots__ = ("_broker", "_codes", "_routes", "_time")
+    __slots__ = ("_broker", "_codes", "_routes", "_time", "soon")
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
+        self.soon: Set[str] = frozenset()  # codes the records at hand deliver (``apply_all``)
         self._codes = CodeMaker()
         # A record's groups, and its first group (the topic's ``no_group`` when it has
         # none), by its topic and group names.
@@ -155,6 +168,7 @@ class Restorer:
         producer = record.producer_id
         if (
             plain
+            and record.code not in self.soon
             and record.deliver_at == create_time
             and not key
             and not record.priority
@@ -277,8 +291,8 @@ class Mirror:
             if type(msg) is Message and not msg.live:
                 self._retire(msg)
 
-    def apply(self, record: ch.Change) -> None:
-        apply(self.broker, record)
+    def apply(self, record: ch.Change, restorer: Restorer | None = None) -> None:
+        apply(self.broker, record, restorer)
         if isinstance(record, ch.Settled) or (isinstance(record, ch.Published) and not record.groups):
             msg = self.broker.messages.get(record.code)
             if msg is not None and not msg.live and msg.finished_at == _finished_at(record):

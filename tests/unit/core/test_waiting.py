@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import pytest
 from tests.unit.core.test_broker import PUBSUB, T0, make, pub, pub_many, pushed_to
@@ -160,14 +161,28 @@ def test_a_new_group_from_the_earliest_message_gets_the_waiting_ones_too() -> No
     assert pushed_to(b, default) == codes and pub(b, "t") not in codes
 
 
-def test_replay_holds_plain_messages_small_until_a_record_of_theirs_needs_the_message() -> None:
+@pytest.mark.parametrize("lookahead", [replay.LOOKAHEAD, 1])
+def test_replay_holds_plain_messages_small_unless_a_record_at_hand_delivers_them(
+    monkeypatch: pytest.MonkeyPatch, lookahead: int
+) -> None:
+    """Records looked at one at a time: every plain message is a ``Waiting`` first, and the
+    same state comes out."""
     b = make(journal=True)
     codes = b.publish([Draft("t", b"m%d" % i, producer_id="p") for i in range(6)], T0)
     consumer = b.subscribe("t", now=T0, prefetch=2)
     b.ack(consumer.id, [codes[0]], T0 + 1)  # and the third is delivered
+    made: list[int] = []
+
+    def counted(seq: int, *rest: Any) -> Waiting:
+        made.append(seq)
+        return Waiting(seq, *rest)
+
+    monkeypatch.setattr(replay, "Waiting", counted)
+    monkeypatch.setattr(replay, "LOOKAHEAD", lookahead)
     fresh = make()
     replay.apply_all(fresh, b.take_changes())
     assert kinds(fresh) == ["Message"] * 3 + ["Waiting"] * 3
+    assert made == ([4, 5, 6] if lookahead > 1 else [1, 2, 3, 4, 5, 6])  # the delivered: messages at once
     assert not fresh.messages[codes[0]].live and fresh.messages[codes[1]].entries["default"].attempts == 1
     assert replay.finish_recovery(fresh, T0 + 2) == 2  # the two in flight, delivered again
     assert kinds(fresh) == ["Message"] * 3 + ["Waiting"] * 3 and group_ready(fresh) == 5
