@@ -44,16 +44,19 @@ __all__ = ["Mirror", "Restorer", "apply", "apply_all", "finish_recovery", "state
 LOOKAHEAD = 4096
 
 
-def apply(broker: Broker, record: ch.Change, restorer: Restorer | None = None) -> None:
+def apply(broker: Broker, record: ch.Change, restorer: Restorer | None = None) -> Message | None:
     """Apply one record during recovery (before ``finish_recovery``); a ``restorer`` given
-    shares what consecutive messages share (``apply_all``'s)."""
+    shares what consecutive messages share (``apply_all``'s). Returns the message the record
+    finished (it settled the last open entry, or published to no group), else None."""
     messages = broker.messages
     if isinstance(record, ch.Published):
         broker.restore_seq(record.seq + 1)
         if record.dedup_id:  # even if the message is deleted later, its id stays taken
             broker.admission.dedup.add(record.topic, record.dedup_id, record.code, record.create_time)
         if messages.find(record.code, record.seq) is None:
-            (restorer or Restorer(broker)).restore(record)
+            msg = (restorer or Restorer(broker)).restore(record)
+            if type(msg) is Message and not msg.live:
+                return msg
     elif isinstance(record, ch.Delivered):
         entry = _entry(broker, record.code, record.group)
         if entry is not None and not entry.status.final:
@@ -78,6 +81,7 @@ def apply(broker: Broker, record: ch.Change, restorer: Restorer | None = None) -
             msg = entry.msg
             if msg.settled():
                 msg.finished_at = record.at
+                return msg
     elif isinstance(record, ch.MessageDeleted):
         deleted = messages.pop(record.code)
         if deleted is not None:
@@ -91,6 +95,7 @@ def apply(broker: Broker, record: ch.Change, restorer: Restorer | None = None) -
         broker.admission.dedup.add(record.topic, record.dedup_id, record.code, record.at)
     elif isinstance(record, ch.Checkpoint):
         broker.restore_seq(record.next_seq)
+    return None
 
 
 def apply_all(
@@ -292,11 +297,9 @@ class Mirror:
                 self._retire(msg)
 
     def apply(self, record: ch.Change, restorer: Restorer | None = None) -> None:
-        apply(self.broker, record, restorer)
-        if isinstance(record, ch.Settled) or (isinstance(record, ch.Published) and not record.groups):
-            msg = self.broker.messages.get(record.code)
-            if msg is not None and not msg.live and msg.finished_at == _finished_at(record):
-                self._retire(msg)
+        finished = apply(self.broker, record, restorer)
+        if finished is not None:
+            self._retire(finished)
 
     def apply_all(self, records: Iterable[ch.Change]) -> None:
         """``apply`` every record of ``records`` in order (a batch of the master's), taking
@@ -329,7 +332,3 @@ class Mirror:
         ended are requeued (journaled with ``reason``: "takeover" from a master, "recovery"
         of a node's own log at start-up) to be delivered again."""
         return finish_recovery(self.broker, now, reason)
-
-
-def _finished_at(record: ch.Settled | ch.Published) -> float:
-    return record.at if isinstance(record, ch.Settled) else record.create_time
