@@ -70,7 +70,7 @@ __all__ = ["Broker", "Draft", "Settle", "Stats"]
 MAX_NAME_CHARS = 255
 # Up to this many messages ready in its group, a message published keeps its code whole (at
 # most ~1 MB a group): it is soon delivered, and its code read again (push, ack, records).
-# Past it, a plain one is stored as a ``Waiting`` (``Waiting`` in kapok.core.model).
+# Past it, a plain one is stored as a ``Waiting`` (``kapok.core.model``).
 KEEP_CODES_QUEUED = 10_000
 _READY, _DELAYED, _INFLIGHT = Status.READY, Status.DELAYED, Status.INFLIGHT
 

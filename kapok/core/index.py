@@ -7,7 +7,7 @@ a code reads the number back from it and checks that the message found there
 has that very code. A dict entry by code cost ~41 bytes a message and the
 code string itself 96 more; a list slot costs 8 and a ``Message`` that waits
 keeps no code (``CodeBlock``). A message that waits far back may be held as a
-``Waiting`` (``Waiting`` in kapok.core.model): a lookup makes it a ``Message`` and
+``Waiting`` (``kapok.core.model``): a lookup makes it a ``Message`` and
 keeps that in its place; ``held`` and ``newest_first`` read it as it is.
 
 Finished messages leave holes (``None``); the holes at the front are cut

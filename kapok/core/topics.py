@@ -18,7 +18,7 @@ deques, one per priority; ``Group.assign`` hands them to consumers:
 
 Entries leave deques lazily: one that stopped being READY while queued
 (expired, dropped, deleted) is discarded when it reaches the head. A plain
-message far back may wait as a ``Waiting`` (``Waiting`` in kapok.core.model), made a
+message far back may wait as a ``Waiting`` (``kapok.core.model``), made a
 ``Message`` when it reaches the head, unless a lookup by code made it earlier.
 """
 
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_GROUP", "Group", "Queued", "Topic"]
 
-Queued = Entry | Waiting  # what a ready queue holds (a ``Waiting``: see ``Waiting`` in kapok.core.model)
+Queued = Entry | Waiting  # what a ready queue holds (a ``Waiting``: see kapok.core.model)
 
 DEFAULT_GROUP = "default"
 PRIORITIES = 10

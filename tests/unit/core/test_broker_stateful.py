@@ -438,7 +438,7 @@ TestBrokerStateMachine = BrokerMachine.TestCase
 
 class WaitingBrokerMachine(BrokerMachine):
     """The same, with every plain message past the first ready one in its group held as a
-    ``Waiting`` (``Waiting`` in kapok.core.model)."""
+    ``Waiting`` (``kapok.core.model``)."""
 
     def __init__(self) -> None:
         super().__init__()

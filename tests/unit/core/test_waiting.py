@@ -1,4 +1,4 @@
-"""A plain message far back in its queue is held as a ``Waiting`` (``Waiting`` in kapok.core.model)."""
+"""A plain message far back in its queue is held as a ``Waiting`` (``kapok.core.model``)."""
 
 from __future__ import annotations
 
