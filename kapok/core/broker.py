@@ -65,7 +65,7 @@ from kapok.core.timers import Timers
 from kapok.core.topics import DEFAULT_GROUP, Group, Topic
 from kapok.errors import BadRequestError, NotFoundError, SubscriptionError
 
-__all__ = ["Broker", "Draft", "Settle", "Stats"]
+__all__ = ["Broker", "Draft", "Settle", "Stats", "small_route"]
 
 MAX_NAME_CHARS = 255
 # Up to this many messages ready in its group, a message published keeps its code whole (at
@@ -75,19 +75,10 @@ KEEP_CODES_QUEUED = 10_000
 _READY, _DELAYED, _INFLIGHT = Status.READY, Status.DELAYED, Status.INFLIGHT
 
 
-def _plain(
-    topic: Topic, groups: tuple[Group, ...], key: str, d: Draft, headers: dict[str, str] | None
-) -> bool:
-    """A message due now without a TTL that has nothing else a ``Waiting`` lacks: one listed
-    group, no key, priority 0, no headers, in a topic that keeps no publish order."""
-    return (
-        len(groups) == 1
-        and not key
-        and not d.priority
-        and headers is None
-        and topic.order is None
-        and not groups[0].unlisted
-    )
+def small_route(topic: Topic, groups: tuple[Group, ...]) -> bool:
+    """A plain message routed so (no key, headers, priority, delay or TTL) may wait as a
+    ``Waiting``: one listed group, in a topic that keeps no publish order (drop_oldest)."""
+    return len(groups) == 1 and topic.order is None and not groups[0].unlisted
 
 
 @dataclass(slots=True)
@@ -308,7 +299,10 @@ class Broker:
             and seq <= SEQ_MASK
             and deliver_at == now
             and not expire_at
-            and _plain(topic, groups, key, d, headers)
+            and not key
+            and not d.priority
+            and headers is None
+            and small_route(topic, groups)
         ):
             return self._store_waiting(topic, groups[0], d, block, seq, code, now)
         msg = Message(

@@ -51,10 +51,7 @@ class MessageIndex:
         return self._count + len(self._strays)
 
     def __contains__(self, code: object) -> bool:
-        if not isinstance(code, str):
-            return False
-        seq = code_seq(code)
-        return self._locate(code, seq if seq is not None else -1) is not None
+        return isinstance(code, str) and self.get(code) is not None
 
     def __getitem__(self, code: str) -> Message:
         msg = self.get(code)
@@ -89,16 +86,6 @@ class MessageIndex:
         if type(held) is Waiting:
             held = strays[code] = held.resolve()
         return held
-
-    def _locate(self, code: str, seq: int) -> Held | None:
-        i = seq - self._base
-        rows = self._rows
-        if 0 <= i < len(rows):
-            msg = rows[i]
-            if msg is not None and msg.code == code:
-                return msg
-        strays = self._strays
-        return strays.get(code) if strays else None
 
     def add_numbered(self, msg: Held) -> None:
         """Index ``msg``, whose code is of ``make_code``'s layout, whole or not (``CodeBlock``):

@@ -6,8 +6,9 @@ subscriber's ack can never complete the message for another group (the
 KapokMQ pub/sub bug). The message is *finished* when no entry is open.
 
 Memory is the constraint that shapes these classes: a node keeps a million
-queued messages, so every per-message object and field counts (about 400
-bytes per queued 100-byte message, payload and index included). They are
+queued messages, so every per-message object and field counts (about 280
+bytes per queued 100-byte message, payload and index included: most wait
+as a ``Waiting``). They are
 slotted, hold no per-message dict, and share their strings (topic, key,
 producer id, the first 30 digits of the code) with the broker's own objects;
 a message *is* the entry of its first group (almost every message has
@@ -174,9 +175,9 @@ class CodeMaker:
 
 
 class Stored:
-    """What a ``Message`` and a ``Waiting`` read alike: the code, kept
-    as its ``CodeBlock`` and the last byte of the number, or whole; the topic, from the first
-    group; the payload's size."""
+    """What a ``Message`` and a ``Waiting`` read alike: the code, kept as its ``CodeBlock``
+    and the last byte of the number, or whole; the topic, from the first group; the
+    payload's size."""
 
     __slots__ = ()
 
@@ -522,11 +523,9 @@ class Waiting(Stored):
         """The message itself, made on the first call: every later change is made to it."""
         msg = self.moved
         if msg is None:
-            code = self._code
             at = self.create_time
-            seq = code.base + self._seq if type(code) is CodeBlock else self._seq
             msg = self.moved = Message(
-                seq, code, self.data, "", 0, at, at, 0.0, self.producer_id, self.dedup_id, None,
+                self.seq, self._code, self.data, "", 0, at, at, 0.0, self.producer_id, self.dedup_id, None,
                 group=self.group, status=_READY,
             )  # fmt: skip
         return msg

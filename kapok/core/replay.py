@@ -32,7 +32,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Set
 
 from kapok.core import changes as ch
-from kapok.core.broker import Broker
+from kapok.core.broker import Broker, small_route
 from kapok.core.model import CodeBlock, CodeMaker, Entry, Held, Message, Status, Waiting
 from kapok.core.timers import RetentionQueue
 from kapok.core.topics import Group
@@ -170,7 +170,7 @@ class Restorer:
         seq = record.seq
         code = self._codes.compact(record.code, seq)
         key = record.key
-        producer = record.producer_id
+        producer = sys.intern(record.producer_id) if record.producer_id else ""
         if (
             plain
             and record.code not in self.soon
@@ -180,7 +180,6 @@ class Restorer:
             and not record.expire_at
             and record.headers is None
         ):  # a plain message: as a ``Waiting`` (the records that follow it may make it a ``Message``)
-            producer = sys.intern(producer) if producer else ""
             held = Waiting(seq, code, record.data, create_time, producer, record.dedup_id, first)
             if type(code) is CodeBlock:
                 self._broker.messages.add_numbered(held)
@@ -190,7 +189,7 @@ class Restorer:
         deliver_at = create_time if record.deliver_at == create_time else record.deliver_at
         msg = Message(
             seq, code, record.data, sys.intern(key) if key else "", record.priority, create_time,
-            deliver_at, record.expire_at or 0.0, sys.intern(producer) if producer else "",
+            deliver_at, record.expire_at or 0.0, producer,
             record.dedup_id, record.headers, group=first, status=Status.READY if groups else Status.DROPPED,
         )  # fmt: skip
         if len(groups) > 1:
@@ -209,8 +208,7 @@ class Restorer:
         broker = self._broker
         topic = broker.restore_topic(record.topic)
         groups = tuple(broker.restore_group(topic, name, record.create_time) for name in record.groups)
-        plain = len(groups) == 1 and topic.order is None and not groups[0].unlisted
-        return groups, groups[0] if groups else topic.no_group(), plain
+        return groups, groups[0] if groups else topic.no_group(), small_route(topic, groups)
 
 
 def _entry(broker: Broker, code: str, group: str) -> Entry | None:
