@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -94,6 +95,10 @@ class UdpTcpTransport:
     def __init__(self) -> None:
         self._udp: asyncio.DatagramTransport | None = None
         self._tcp: asyncio.Server | None = None
+        # The incoming streams being served, so that ``aclose`` ends them itself: a handler
+        # left to the event loop's teardown is cancelled there, and on Python 3.11 asyncio
+        # logs every such cancel (of a ``start_server`` handler) as an error with a traceback.
+        self._serving: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
 
     async def start(
         self,
@@ -111,7 +116,9 @@ class UdpTcpTransport:
             )
             bound = int(udp.get_extra_info("sockname")[1])
             try:
-                self._tcp = await asyncio.start_server(on_stream, host, bound, backlog=_BACKLOG)
+                self._tcp = await asyncio.start_server(
+                    functools.partial(self._serve, on_stream), host, bound, backlog=_BACKLOG
+                )
             except OSError:
                 udp.close()
                 if port != 0 or attempt == _BIND_ATTEMPTS - 1:
@@ -128,6 +135,17 @@ class UdpTcpTransport:
     async def open_stream(self, target: tuple[str, int]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         return await asyncio.open_connection(*target)
 
+    async def _serve(
+        self, on_stream: StreamHandler, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        task = asyncio.current_task()
+        assert task is not None  # a start_server handler runs as a task
+        self._serving[task] = writer
+        try:
+            await on_stream(reader, writer)
+        finally:
+            del self._serving[task]
+
     async def aclose(self) -> None:
         if self._udp is not None:
             self._udp.close()
@@ -137,3 +155,11 @@ class UdpTcpTransport:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._tcp.wait_closed(), 1.0)
             self._tcp = None
+        # Connections accepted before the close start their handlers on this turn of the
+        # loop; then every stream still open is cut, and its handler ends on the lost
+        # connection (an incomplete read), not on a cancel.
+        await asyncio.sleep(0)
+        for writer in self._serving.values():
+            writer.transport.abort()
+        if self._serving:
+            await asyncio.wait(list(self._serving), timeout=1.0)

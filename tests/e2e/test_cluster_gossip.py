@@ -13,6 +13,7 @@ times are printed (``pytest -s``) and are not asserted beyond generous bounds.
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -135,3 +136,24 @@ def _dropped(node: NodeProcess) -> float:
         text = response.read().decode()
     pattern = r"^kapok_gossip_dropped_packets_total\{[^}]*\} (\S+)$"
     return sum(float(v) for v in re.findall(pattern, text, re.M))
+
+
+def test_a_node_stopped_while_a_gossip_stream_is_half_read_stops_without_a_traceback(tmp_path: Path) -> None:
+    """A peer's state exchange that has sent part of its length prefix when the node stops:
+    the node ends those streams itself, so no handler is left for the event loop's teardown
+    to cancel (on Python 3.11 asyncio logged each such cancel as a traceback)."""
+    node = start_node(tmp_path / "node", *cluster_sets("fast"))
+    host, port = node.gossip_addr.rsplit(":", 1)
+    peers = [socket.create_connection((host, int(port)), timeout=DEADLINE_S) for _ in range(4)]
+    try:
+        for peer in peers:
+            peer.sendall(b"\x00\x00")  # two of the four bytes of the length: the node waits
+        for _ in range(3):  # a few turns of the node's loop: it has taken the connections
+            urllib.request.urlopen(node.url + "/health", timeout=DEADLINE_S).read()
+        assert node.stop() == 0
+    finally:
+        for peer in peers:
+            peer.close()
+        node.stop()
+    assert "Traceback" not in node.output, node.output[-3000:]
+    assert "stopped cleanly" in node.output

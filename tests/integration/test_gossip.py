@@ -134,6 +134,32 @@ async def test_garbage_datagrams_and_streams_are_counted_and_the_node_keeps_work
     await eventually(lambda: states(a) == {"a": State.ALIVE, "b": State.ALIVE} == states(b), timeout_s=T)
 
 
+async def test_close_ends_the_streams_it_is_reading_without_cancelling_their_handlers() -> None:
+    node = make_node("a")
+    await node.start()
+    host, port = split_addr(node.addr)
+    others = asyncio.all_tasks()  # the handlers are the tasks that come on top of these
+
+    def handlers() -> list[asyncio.Task[object]]:
+        return [task for task in asyncio.all_tasks() - others if not task.done()]
+
+    peers = [await asyncio.open_connection(host, port) for _ in range(3)]
+    try:
+        for _, writer in peers:
+            writer.write(b"\x00\x00")  # half a length: the node's handler waits for the rest
+            await writer.drain()
+        await eventually(lambda: len(handlers()) == 3, timeout_s=T, what="the node serves the three streams")
+        running, before = handlers(), node.stats["stream_errors_in"]
+    finally:
+        await node.aclose()
+        for _, writer in peers:
+            writer.close()
+    # Every handler has ended on the cut connection (an incomplete read), not by a cancel:
+    # nothing is left for the event loop's teardown to cancel.
+    assert handlers() == [] and not any(task.cancelled() for task in running)
+    assert node.stats["stream_errors_in"] == before + 3
+
+
 async def test_unreachable_seed_and_peers_cost_only_counters(nodes: list[GossipNode]) -> None:
     a = await start(nodes, make_node("a", seeds=("127.0.0.1:9",)))  # nothing listens on port 9
     await eventually(lambda: a.stats["stream_errors_out"] >= 1, timeout_s=T)
