@@ -180,22 +180,18 @@ class Restorer:
             and not record.expire_at
             and record.headers is None
         ):  # a plain message: as a ``Waiting`` (the records that follow it may make it a ``Message``)
-            held = Waiting(seq, code, record.data, create_time, producer, record.dedup_id, first)
-            if type(code) is CodeBlock:
-                self._broker.messages.add_numbered(held)
-            else:
-                self._broker.messages.add(held)
-            return held
-        deliver_at = create_time if record.deliver_at == create_time else record.deliver_at
-        msg = Message(
-            seq, code, record.data, sys.intern(key) if key else "", record.priority, create_time,
-            deliver_at, record.expire_at or 0.0, producer,
-            record.dedup_id, record.headers, group=first, status=Status.READY if groups else Status.DROPPED,
-        )  # fmt: skip
-        if len(groups) > 1:
-            msg.route(groups[1:], Status.READY)
-        elif not groups:
-            msg.finished_at = create_time
+            msg: Held = Waiting(seq, code, record.data, create_time, producer, record.dedup_id, first)
+        else:
+            deliver_at = create_time if record.deliver_at == create_time else record.deliver_at
+            msg = Message(
+                seq, code, record.data, sys.intern(key) if key else "", record.priority, create_time,
+                deliver_at, record.expire_at or 0.0, producer, record.dedup_id, record.headers,
+                group=first, status=Status.READY if groups else Status.DROPPED,
+            )  # fmt: skip
+            if len(groups) > 1:
+                msg.route(groups[1:], Status.READY)
+            elif not groups:
+                msg.finished_at = create_time
         if type(code) is CodeBlock:  # the common case, without ``add``'s own test of it
             self._broker.messages.add_numbered(msg)
         else:
