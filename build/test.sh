@@ -9,13 +9,14 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # The tests' time bounds (poll deadlines, reply and start-up time-outs, pytest-timeout's
 # limit per test) are set for an ordinary machine and multiplied by KAPOK_TEST_SLOW
 # (kapok/testing/slow.py): a loaded machine makes the run slower, not red. Unless it is
-# set, it follows the load before the run: 1 + the 1-minute load average per CPU, at most 4.
+# set, it follows the load before the run, plus one CPU's worth for the run's second test
+# worker (each runs beside the other): 1 + (the 1-minute load average + 1) per CPU, at most 4.
 if [ -z "${KAPOK_TEST_SLOW:-}" ]; then
     cpus=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
     load=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo 0)
     KAPOK_TEST_SLOW=$(awk -v load="$load" -v cpus="$cpus" \
-        'BEGIN { f = 1 + load / cpus; if (f > 4) f = 4; printf "%.2f", f }')
-    slow_why="load $load on $cpus CPUs"
+        'BEGIN { f = 1 + (load + 1) / cpus; if (f > 4) f = 4; printf "%.2f", f }')
+    slow_why="load $load on $cpus CPUs, and a second test worker"
 else
     slow_why="set by the caller"
 fi
@@ -58,9 +59,12 @@ echo "== pytest"
 if (($#)); then
     exec .venv/bin/pytest "$@"
 fi
-# The unit tests (CPU only: no server, no process of their own) on both cores; then the
-# rest one at a time: integration, e2e, browser and Spark tests start servers and
-# processes, and a second worker would only add to the load they are timed under.
+# Two pytest workers in each run. First the unit tests (CPU only: no server, no process of
+# their own). Then the rest: integration, e2e, browser and Spark tests start servers and
+# processes and spend most of their time waiting on them (a failure to be detected, a
+# takeover, a JVM), so two of them side by side take about half the time of one after the
+# other, under a load of about 2 (their bounds are scaled for it, above). Work-stealing
+# spreads the long tests (Spark, the fault suite) over both workers as they free up.
 # Both under coverage.py (pyproject.toml's [tool.coverage.*]), with every Python process
 # the tests start: the xdist workers, the `kapok serve` nodes, the CLI and so on. Each
 # writes its data under .cache/coverage/; the report combines them, and it runs whatever
@@ -69,7 +73,7 @@ fi
 .venv/bin/coverage erase
 status=0
 .venv/bin/coverage run -m pytest -n 2 tests/unit || status=$?
-.venv/bin/coverage run -m pytest --ignore=tests/unit || status=$?
+.venv/bin/coverage run -m pytest -n 2 --dist worksteal --ignore=tests/unit || status=$?
 echo "== coverage (HTML: .venv/bin/coverage html, then .cache/coverage/html/index.html)"
 report=0
 { .venv/bin/coverage combine --quiet && .venv/bin/coverage report; } || report=$?
