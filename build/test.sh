@@ -11,6 +11,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # (kapok/testing/slow.py): a loaded machine makes the run slower, not red. Unless it is
 # set, it follows the load before the run, plus one CPU's worth for the run's second test
 # worker (each runs beside the other): 1 + (the 1-minute load average + 1) per CPU, at most 4.
+# (Only bounds grow with it: a test that passes takes no longer.)
 if [ -z "${KAPOK_TEST_SLOW:-}" ]; then
     cpus=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
     load=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo 0)
