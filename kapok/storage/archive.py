@@ -104,61 +104,62 @@ def archive_events(
     written before a field was added are shorter: the field is left out.
     """
     # This runs for every record the node writes (three per consumed message), so it
-    # dispatches on the kind, most frequent first, and builds dict literals.
+    # dispatches on the kind, most frequent first, and builds dict literals whole: the
+    # run and LSN are in them (a key added later may resize the dict), and dropped again
+    # for an untagged call (tests, tools), which is rare.
     events: list[Event] = []
     add = events.append
-    tagged = 0  # events[:tagged] carry their record's run and LSN
-    lsn = first_lsn if run is not None else None
+    lsn = first_lsn if run is not None and first_lsn is not None else 0
     for row in rows:
         kind = row[0]
         if kind == _DELIVERED:
             if len(row) == 9 and row[8]:  # one naming its consumer: the usual row now
                 _, code, topic, group, attempts, at, _, _, consumer = row
                 add({"ev": "delivered", "code": code, "topic": topic, "group": group, "t": at,
-                     "attempt": attempts, "consumer": consumer})  # fmt: skip
+                     "attempt": attempts, "consumer": consumer, "run": run, "lsn": lsn})  # fmt: skip
             else:  # 6 fields, a claimed one 8 (no consumer, or written before consumers were)
                 _, code, topic, group, attempts, at = row if len(row) == 6 else row[:6]
                 add({"ev": "delivered", "code": code, "topic": topic, "group": group, "t": at,
-                     "attempt": attempts})  # fmt: skip
+                     "attempt": attempts, "run": run, "lsn": lsn})  # fmt: skip
         elif kind == _SETTLED:
             _, code, topic, group, status, reason, at = row
             if status == _DEAD:
                 if reason == _EXPIRED:  # the TTL passed, and mq.expired sent it to the DLQ
-                    add({"ev": "expired", "code": code, "topic": topic, "group": group, "t": at})
+                    add({"ev": "expired", "code": code, "topic": topic, "group": group, "t": at, "run": run,
+                         "lsn": lsn})  # fmt: skip
                 add({"ev": "dead_lettered", "code": code, "topic": topic, "group": group, "t": at,
-                     "reason": reason})  # fmt: skip
+                     "reason": reason, "run": run, "lsn": lsn})  # fmt: skip
             elif reason == _REQUEUED_FROM_DLQ and status == _CONSUMED:  # published again: no ack
-                add({"ev": "requeued", "code": code, "topic": topic, "group": group, "t": at})
+                add({"ev": "requeued", "code": code, "topic": topic, "group": group, "t": at, "run": run,
+                     "lsn": lsn})  # fmt: skip
             elif reason == _DELETE and status == _DROPPED:
                 pass  # a deleted message's open entries: its one ``deleted`` event follows
             else:
                 add({"ev": _SETTLED_EVENTS.get(status, status), "code": code, "topic": topic, "group": group,
-                     "t": at})  # fmt: skip
+                     "t": at, "run": run, "lsn": lsn})  # fmt: skip
         elif kind == _PUBLISHED:
             _, _, code, topic, key, priority, created, deliver_at, _, producer, _, _, _, size = row
             add({"ev": "published", "code": code, "topic": topic, "t": created, "create_time": created,
                  "deliver_at": deliver_at, "size": size, "producer": producer, "priority": priority,
-                 "key": key})  # fmt: skip
+                 "key": key, "run": run, "lsn": lsn})  # fmt: skip
         elif kind == _REQUEUED:
-            event = {"ev": "retried", "code": row[1], "topic": row[2], "group": row[3], "t": row[5],
-                     "reason": row[4]}  # fmt: skip
             if len(row) > 6 and row[6]:
-                event["attempt"] = row[6]
-            add(event)
+                add({"ev": "retried", "code": row[1], "topic": row[2], "group": row[3], "t": row[5],
+                     "reason": row[4], "attempt": row[6], "run": run, "lsn": lsn})  # fmt: skip
+            else:
+                add({"ev": "retried", "code": row[1], "topic": row[2], "group": row[3], "t": row[5],
+                     "reason": row[4], "run": run, "lsn": lsn})  # fmt: skip
         elif kind == _DELETED:
             topic = row[3] if len(row) > 3 else ""
             if topic:
-                add({"ev": "deleted", "code": row[1], "topic": topic, "t": row[2]})
+                add({"ev": "deleted", "code": row[1], "topic": topic, "t": row[2], "run": run, "lsn": lsn})
             else:
-                add({"ev": "deleted", "code": row[1], "t": row[2]})
+                add({"ev": "deleted", "code": row[1], "t": row[2], "run": run, "lsn": lsn})
         # GroupCreated, Deduped, Checkpoint: bookkeeping, not part of a message's life.
-        if lsn is not None:
-            while tagged < len(events):
-                event = events[tagged]
-                event["run"] = run
-                event["lsn"] = lsn
-                tagged += 1
-            lsn += 1
+        lsn += 1
+    if run is None or first_lsn is None:
+        for event in events:
+            del event["run"], event["lsn"]
     return events
 
 

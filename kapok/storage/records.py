@@ -26,6 +26,7 @@ import struct
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Final, TypeVar
 
 import orjson
@@ -237,13 +238,14 @@ class FrameReader:
         self.count = 0
 
     def __iter__(self) -> Iterator[ch.Change]:
-        return self._frames(_decode_batch)
+        return chain.from_iterable(self._frames(_decode_batch))
 
     def rows(self) -> Iterator[Any]:
         """Iterate rows instead of records (``batch_rows``): the same checks, no records built."""
-        return self._frames(batch_rows)
+        return chain.from_iterable(self._frames(batch_rows))
 
-    def _frames(self, decode: Callable[[memoryview], list[T]]) -> Iterator[T]:
+    def _frames(self, decode: Callable[[memoryview], list[T]]) -> Iterator[list[T]]:
+        """Each good frame's records, a list per frame (flattened in C by the callers)."""
         view = self._view
         pos = self.good_end
         size = len(view)
@@ -277,7 +279,7 @@ class FrameReader:
                     return
             pos = self.good_end = end
             self.count += len(records)
-            yield from records
+            yield records
 
     def check(self) -> FrameReader:
         """Walk the frames checking lengths and CRCs only (no decoding); returns self."""
