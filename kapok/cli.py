@@ -252,7 +252,7 @@ def add_consume_options(command: argparse.ArgumentParser) -> None:
 # The option checks of produce and consume: a bad value is a usage error (one line, exit 2)
 # before anything is sent, not a traceback or a refusal of every message by the nodes.
 MAX_TEXT_CHARS = 255  # a routing key or key pattern (kapok.protocol.fields, kapok.core.routing)
-MAX_PREFETCH = 1_000_000  # kapok.core.broker
+MAX_PREFETCH = 1_000_000  # kapok.core.broker (Broker._capped)
 
 
 def _seed_url(text: str) -> str:

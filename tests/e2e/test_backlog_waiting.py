@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kapok.core.broker import KEEP_CODES_QUEUED
+from kapok.core.state import KEEP_CODES_QUEUED
 from kapok.launch import NodeProcess, start_node
 from kapok.testing.slow import scaled
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tests.unit.core.test_broker import make, pub
 
-from kapok.core import broker as broker_module
+from kapok.core import state as state_module
 from kapok.core.index import MessageIndex
 from kapok.core.model import CodeBlock, CodeMaker, Draft, Message, Status, code_prefix, make_code
 from kapok.core.topics import Group, Topic
@@ -93,7 +93,7 @@ def test_a_message_that_waits_keeps_the_block_of_its_code_and_is_found_by_it(
     """Behind ``KEEP_CODES_QUEUED`` ready messages a published message keeps its code's
     block, shared with up to 255 others of its batch, and the last byte of its number, not
     its code and its number; delivered, it keeps its code and its number again."""
-    monkeypatch.setattr(broker_module, "KEEP_CODES_QUEUED", 5)
+    monkeypatch.setattr(state_module, "KEEP_CODES_QUEUED", 5)
     b = make()
     first = [pub(b, "t") for _ in range(3)]
     assert all(type(b.messages[c]._code) is str for c in first)  # soon delivered: kept whole

@@ -9,8 +9,8 @@ import pytest
 from tests.unit.core.test_broker import PUBSUB, T0, make, pub, pub_many, pushed_to
 
 from kapok.config.schema import TopicOverride
-from kapok.core import broker as broker_module
 from kapok.core import replay
+from kapok.core import state as state_module
 from kapok.core.broker import Broker
 from kapok.core.model import Draft, Message, Status, Waiting
 from kapok.server.routes.search import MessageQuery, search_messages
@@ -20,7 +20,7 @@ KEEP = 3  # ready messages in a group before the next plain one is held as a ``W
 
 @pytest.fixture(autouse=True)
 def _keep_few(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(broker_module, "KEEP_CODES_QUEUED", KEEP)
+    monkeypatch.setattr(state_module, "KEEP_CODES_QUEUED", KEEP)
 
 
 def kinds(b: Broker) -> list[str]:
