@@ -44,9 +44,10 @@ from kapok.core.replay import apply_all, finish_recovery, state_records
 from kapok.errors import StorageError
 from kapok.storage.archiver import ArchiveFeed, ArchiveSettings
 from kapok.storage.records import FrameReader, encode_batch, encode_end
+from kapok.storage.segments import Segment, list_segments
 from kapok.storage.snapshot import FoundSnapshot, SnapshotWriter, find_newest, list_snapshots, map_file
 from kapok.storage.space import SpaceWatch
-from kapok.storage.wal import Segment, WriteAheadLog, list_segments
+from kapok.storage.wal import WriteAheadLog
 from kapok.tasks import cancel_and_wait
 
 __all__ = ["DiskStore", "begin_transfer", "install_transfer"]

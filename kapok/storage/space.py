@@ -31,7 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from kapok.storage.wal import WriteAheadLog, free_bytes
+from kapok.storage.segments import free_bytes
+from kapok.storage.wal import WriteAheadLog
 from kapok.tasks import cancel_and_wait
 
 __all__ = ["PROBE_INTERVAL_S", "SpaceWatch"]

@@ -5,7 +5,8 @@ every append until the next hand-off shares; one flusher task encodes all
 the records that accumulated meanwhile into one frame per segment (one JSON
 encoding on the event loop; the CRC on the writer thread) and hands them to a
 single writer thread (small writes that no fsync waits for are made on the
-loop itself: ``INLINE_WRITE_BYTES``), which writes them and (with ``fsync: always``) fsyncs
+loop itself: ``INLINE_WRITE_BYTES``; the files and their threads are
+``kapok.storage.segments``), which writes them and (with ``fsync: always``) fsyncs
 once for all of them: group commit, one fsync per loop turn's worth of
 records or more, never one per message. The future completes only after
 that, so a producer's ack always follows the write that makes its message
@@ -51,13 +52,9 @@ acknowledged).
 from __future__ import annotations
 
 import asyncio
-import errno
-import itertools
 import logging
 import os
-import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
@@ -65,31 +62,21 @@ from typing import Final, Protocol
 from kapok.clock import wait_set
 from kapok.core.changes import Change
 from kapok.errors import StorageError
-from kapok.storage.records import encode_payload, frame_header
+from kapok.storage.records import encode_payload
+from kapok.storage.segments import DiskFull, Encoded, SegmentFiles, free_bytes
 from kapok.tasks import cancel_and_wait
 
-__all__ = ["Segment", "WriteAheadLog", "free_bytes", "list_segments"]
+__all__ = ["WriteAheadLog"]
 
 log = logging.getLogger("kapok.storage")
 
-PREFIX, SUFFIX = "wal-", ".log"
 # Written frames are handed to the archive in batches, at most this often or once this
 # many bytes have gathered: one wake-up of the archiver per batch, not one per WAL write.
 ARCHIVE_DELAY_S = 0.025
 ARCHIVE_BATCH_BYTES = 1024 * 1024
-# Unless acks wait for an fsync (policy always), a write of at most this many bytes into the
-# open segment is made on the event loop: copying a few KB into the page cache costs
-# microseconds, less than the two thread hand-offs it saves (at a paced 2,000 msg/s the
-# node's CPU fell by a quarter). Not while the sync thread has an fsync to do (interval: the
-# periodic one, a retired segment's, the directory's): a write may then wait for its journal
-# commit (measured: p99.9 1.4 ms, max 6 ms), which must stall the writer thread, not the
-# loop; with that rule, p99.9 0.3-0.6 ms, as with policy never.
-# Larger writes, and any that opens a segment, go to the writer thread.
-INLINE_WRITE_BYTES = 64 * 1024
 # A write that found the disk full is tried again after the first delay, doubling up to
 # the cap: a freed disk is seen within a second, and a full one costs a few writes.
 FULL_RETRY_S: Final = (0.05, 1.0)
-NO_SPACE: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class ReplicaSink(Protocol):
@@ -120,32 +107,6 @@ class ArchiveSink(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class Segment:
-    first_lsn: int
-    path: Path
-
-
-def list_segments(directory: Path) -> list[Segment]:
-    found = []
-    for path in directory.glob(f"{PREFIX}*{SUFFIX}"):
-        digits = path.name[len(PREFIX) : -len(SUFFIX)]
-        if digits.isdigit():
-            found.append(Segment(int(digits), path))
-    return sorted(found, key=lambda s: s.first_lsn)
-
-
-def segment_path(directory: Path, first_lsn: int) -> Path:
-    return directory / f"{PREFIX}{first_lsn:020d}{SUFFIX}"
-
-
-def free_bytes(directory: Path) -> int:
-    """What an unprivileged writer may still write on the file system of ``directory``.
-    Blocking (it may wait for a slow or network file system): call it on a worker thread."""
-    st = os.statvfs(directory)
-    return st.f_bavail * st.f_frsize
-
-
 @dataclass(slots=True)
 class _Batch:
     first_lsn: int
@@ -155,27 +116,6 @@ class _Batch:
     count: int = 0  # records in ``payload``
     replica: bool = False  # a slave's copy of its master's batch
     offered: bool = False  # handed to the slave's link already (a write the flusher takes over)
-
-
-@dataclass(slots=True)
-class _Encoded:
-    first_lsn: int
-    count: int
-    payload: bytes
-    new_segment: bool
-    replica: bool = False
-    header: bytes = b""  # length and CRC, computed where it is written
-    offered: bool = False
-
-
-class _DiskFull(Exception):
-    """A frame found no space: the first ``written`` batches of the write went out before
-    it, and the file was cut back to the end of the last whole frame."""
-
-    def __init__(self, written: int, error: OSError) -> None:
-        super().__init__(str(error))
-        self.written = written
-        self.error = error
 
 
 class WriteAheadLog:
@@ -192,12 +132,9 @@ class WriteAheadLog:
         self.directory = directory
         self.policy = policy
         self.interval_s = interval_ms / 1000
-        self.segment_max_bytes = segment_max_bytes
-        self._fsync = fsync
+        self.files = SegmentFiles(directory, policy=policy, segment_max_bytes=segment_max_bytes, fsync=fsync)
         self.next_lsn = 0
         self.records_written = 0
-        self.fsyncs = 0
-        self.bytes_written = 0
         self._batches: list[_Batch] = []
         self._archive = archive
         self.replica: ReplicaSink | None = None  # set while this node is a master with a slave
@@ -209,19 +146,10 @@ class WriteAheadLog:
         self._wakeup = asyncio.Event()
         self._wake_due = False  # a call to _wake is scheduled
         self._cut_next = True
-        self._file: int | None = None  # fd of the open segment
-        self._file_size = 0
-        self._dirty = False
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kapok-wal")
-        # Background fsyncs (interval policy, retired segments) run on their own thread,
-        # so a slow fsync never holds up writes and the acks waiting for them.
-        self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kapok-wal-sync")
         self._archive_queue: list[bytes] = []  # frames written, not yet handed to the archive
         self._archive_bytes = 0
         self._archive_lsn = self._archive_next_lsn = 0  # of the queue's first record, and past its last
         self._archive_timer: asyncio.TimerHandle | None = None
-        self._background_jobs = 0  # fsyncs queued or running on the sync thread (under _file_lock)
-        self._file_lock = threading.Lock()  # guards _file and _dirty between the two threads
         self._tasks: list[asyncio.Task[None]] = []
         self.failed: StorageError | None = None
         self.disk_full = 0  # times a write found the disk full (and waited for space)
@@ -235,6 +163,14 @@ class WriteAheadLog:
         self._space = asyncio.Event()  # set unless a write waits for space
         self._space.set()
         self._closing = asyncio.Event()
+
+    @property
+    def fsyncs(self) -> int:
+        return self.files.fsyncs
+
+    @property
+    def bytes_written(self) -> int:
+        return self.files.bytes_written
 
     # ------------------------------------------------------------ lifecycle
 
@@ -259,9 +195,7 @@ class WriteAheadLog:
         for task in self._tasks:
             await cancel_and_wait(task)
         self._submit_archive()  # whatever is still queued: a clean shutdown archives it all
-        await asyncio.get_running_loop().run_in_executor(self._thread, self._close_file)
-        for pool in (self._thread, self._syncer):  # joined off the loop: a last fsync may be slow
-            await asyncio.to_thread(pool.shutdown, wait=True)
+        await self.files.aclose()
 
     # ------------------------------------------------------------ appending
 
@@ -351,7 +285,7 @@ class WriteAheadLog:
         if self._archive is not None and self._archive.behind():
             return False  # the flusher waits for it: the archive's lag stays bounded
         encoded = [_encode(b) for b in batches]
-        if not self._inline(encoded):
+        if not self.files.may_write_inline(encoded):
             # For the flusher, as they are: encoded once, not again.
             self._batches = [
                 _Batch(e.first_lsn, [], e.new_segment, e.payload, e.count, e.replica) for e in encoded
@@ -361,8 +295,8 @@ class WriteAheadLog:
         waiter, self._pending = self._pending, None
         self._offer(encoded)
         try:
-            self._write(encoded, False)
-        except _DiskFull as full:
+            self.files.write(encoded, False)
+        except DiskFull as full:
             # No space: the flusher takes the rest over, waits for space and writes it (the
             # slave's link has it already); the appends' future waits with it.
             written, rest = encoded[: full.written], encoded[full.written :]
@@ -406,12 +340,12 @@ class WriteAheadLog:
                     rest = encoded
                     while True:
                         try:
-                            if self._inline(rest):
-                                self._write(rest, sync)
+                            if self.files.may_write_inline(rest):
+                                self.files.write(rest, sync)
                             else:
-                                await loop.run_in_executor(self._thread, self._write, rest, sync)
+                                await loop.run_in_executor(self.files.writer, self.files.write, rest, sync)
                             break
-                        except _DiskFull as full:
+                        except DiskFull as full:
                             rest = rest[full.written :]
                             await self._wait_for_space(full, rest[0].first_lsn)
                     if self.full_since is not None:
@@ -425,7 +359,7 @@ class WriteAheadLog:
                 if self._archive is not None:
                     await self._hand_to_archive(encoded)
 
-    def _offer(self, encoded: list[_Encoded]) -> None:
+    def _offer(self, encoded: list[Encoded]) -> None:
         """Hand the batches to the slave's link before they are written: its copy overlaps the write."""
         if self.replica is not None:
             for e in encoded:
@@ -448,7 +382,7 @@ class WriteAheadLog:
         self._inflight = None
         self._space.set()  # whoever waits for space learns of the failure instead
 
-    async def _wait_for_space(self, full: _DiskFull, lsn: int) -> None:
+    async def _wait_for_space(self, full: DiskFull, lsn: int) -> None:
         """A write found the disk full: wait a while before it is tried again; the OSError
         when the log is closing."""
         loop = asyncio.get_running_loop()
@@ -457,7 +391,7 @@ class WriteAheadLog:
             self.disk_full += 1
             self._space.clear()
             try:
-                self.full_free = await loop.run_in_executor(self._thread, free_bytes, self.directory)
+                self.full_free = await loop.run_in_executor(self.files.writer, free_bytes, self.directory)
                 free = f"{self.full_free} bytes free"
             except OSError as exc:
                 self.full_free, free = None, f"free space unknown: {exc.strerror or exc}"
@@ -482,20 +416,7 @@ class WriteAheadLog:
         self._full_tries = 0
         self._space.set()
 
-    def _inline(self, batches: list[_Encoded]) -> bool:
-        """Whether ``batches`` may be written on the event loop (see ``INLINE_WRITE_BYTES``)."""
-        if self.policy == "always" or self._background_jobs:
-            return False
-        if self._file is None or self._file_size >= self.segment_max_bytes:
-            return False
-        size = 0
-        for batch in batches:
-            if batch.new_segment:
-                return False
-            size += len(batch.payload)
-        return size <= INLINE_WRITE_BYTES
-
-    async def _hand_to_archive(self, written: list[_Encoded]) -> None:
+    async def _hand_to_archive(self, written: list[Encoded]) -> None:
         # After the acks, not before them: the archive is an analytics feed, so it must
         # delay neither confirmations nor the next write. Frames gather here (in log
         # order) and go out every ARCHIVE_DELAY_S or once ARCHIVE_BATCH_BYTES wait; the
@@ -505,7 +426,7 @@ class WriteAheadLog:
         assert self._archive is not None
         await self._archive.drain()
 
-    def _queue_for_archive(self, written: list[_Encoded]) -> None:
+    def _queue_for_archive(self, written: list[Encoded]) -> None:
         for batch in written:
             if self._archive_queue and batch.first_lsn != self._archive_next_lsn:
                 self._submit_archive()  # a feed's records are consecutive (their LSNs follow)
@@ -533,140 +454,18 @@ class WriteAheadLog:
     async def _interval_syncer(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
-            if self._dirty:
-                await asyncio.wrap_future(self._in_background(self._background_sync))
-
-    # ------------------------------------------------------------ writer thread
-
-    def _write(self, batches: list[_Encoded], sync: bool) -> None:
-        for i, batch in enumerate(batches):
-            if self._file is None or batch.new_segment or self._file_size >= self.segment_max_bytes:
-                path = segment_path(self.directory, batch.first_lsn)
-                try:
-                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-                except OSError as exc:  # no room for the file: nothing changed
-                    if exc.errno not in NO_SPACE:
-                        raise
-                    raise _DiskFull(i, exc) from None
-                self._open_segment(fd)
-                batch.new_segment = False  # open now: a retry after a full disk goes on in it
-            assert self._file is not None
-            # Header and payload in one writev: no copy of a possibly large payload.
-            payload = batch.payload
-            header = frame_header(payload)
-            size = len(header) + len(payload)
-            try:
-                written = os.writev(self._file, (header, payload))
-                if written < size:  # short write: the rest the plain way
-                    rest = memoryview(header + payload)[written:]
-                    while rest:
-                        rest = rest[os.write(self._file, rest) :]
-            except OSError as exc:
-                if exc.errno not in NO_SPACE:
-                    raise
-                os.ftruncate(self._file, self._file_size)  # no torn frame stays behind
-                raise _DiskFull(i, exc) from None
-            batch.header = header
-            self._file_size += size
-            self.bytes_written += size
-            self._dirty = True
-        if sync:
-            self._sync()
-
-    def _sync(self) -> None:
-        """fsync the open segment now, on the writer thread (policy ``always``)."""
-        if self._file is not None and self._dirty:
-            self._dirty = False
-            self._fsync(self._file)
-            self.fsyncs += 1
-
-    def _in_background(self, job: Callable[..., None], *args: object) -> Future[None]:
-        """Run ``job`` on the sync thread, counted in ``_background_jobs`` until it is done."""
-        with self._file_lock:
-            self._background_jobs += 1
-
-        def run() -> None:
-            try:
-                job(*args)
-            finally:
-                with self._file_lock:
-                    self._background_jobs -= 1
-
-        return self._syncer.submit(run)
-
-    def _background_sync(self) -> None:
-        """fsync a duplicate of the open segment's fd, on the sync thread, while writes go on."""
-        with self._file_lock:
-            if self._file is None or not self._dirty:
-                return
-            fd = os.dup(self._file)
-            self._dirty = False
-        try:
-            self._fsync(fd)
-            self.fsyncs += 1
-        finally:
-            os.close(fd)
-
-    def _sync_and_close(self, fd: int, dirty: bool) -> None:
-        try:
-            if dirty:
-                self._fsync(fd)
-                self.fsyncs += 1
-        finally:
-            os.close(fd)
-
-    def _sync_dir(self) -> None:
-        dir_fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            self._fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-
-    def _open_segment(self, fd: int) -> None:
-        """Make ``fd`` (a new segment, just opened) the open segment."""
-        with self._file_lock:
-            old, dirty = self._file, self._dirty
-            self._file, self._dirty = fd, False
-        self._file_size = os.fstat(fd).st_size
-        # The retired segment and the new directory entry must reach the disk as
-        # the policy says: now (always), soon on the sync thread (interval), or when
-        # the OS likes (never).
-        if self.policy == "always":
-            if old is not None:
-                self._sync_and_close(old, dirty)
-            self._sync_dir()
-        elif self.policy == "interval":
-            if old is not None:
-                self._in_background(self._sync_and_close, old, dirty)
-            self._in_background(self._sync_dir)
-        elif old is not None:
-            os.close(old)
-
-    def _close_file(self) -> None:
-        with self._file_lock:
-            fd, dirty = self._file, self._dirty
-            self._file, self._dirty = None, False
-        if fd is not None:
-            # Whatever the policy: a clean stop leaves the log durable (one fsync).
-            self._sync_and_close(fd, dirty)
+            if self.files.dirty:
+                await asyncio.wrap_future(self.files.in_background(self.files.background_sync))
 
     # ------------------------------------------------------------ maintenance
 
     async def drop_before(self, lsn: int) -> int:
         """Delete segments that hold only records before ``lsn``; returns how many."""
-
-        def drop() -> int:
-            segments = list_segments(self.directory)
-            doomed = [s for s, nxt in itertools.pairwise(segments) if nxt.first_lsn <= lsn]
-            for segment in doomed:
-                segment.path.unlink(missing_ok=True)
-            return len(doomed)
-
-        return await asyncio.get_running_loop().run_in_executor(self._thread, drop)
+        return await self.files.drop_before(lsn)
 
 
-def _encode(batch: _Batch) -> _Encoded:
+def _encode(batch: _Batch) -> Encoded:
     b, payload = batch, batch.payload
     if payload is not None:
-        return _Encoded(b.first_lsn, b.count, payload, b.new_segment, b.replica, offered=b.offered)
-    return _Encoded(batch.first_lsn, len(batch.changes), encode_payload(batch.changes), batch.new_segment)
+        return Encoded(b.first_lsn, b.count, payload, b.new_segment, b.replica, offered=b.offered)
+    return Encoded(batch.first_lsn, len(batch.changes), encode_payload(batch.changes), batch.new_segment)

@@ -28,7 +28,7 @@ from kapok.errors import KapokError
 from kapok.launch import NodeProcess, get_json, group_members, stop_all, wait_for
 from kapok.storage.archive import Event, list_archive_files, read_archive_file
 from kapok.storage.records import FrameReader
-from kapok.storage.wal import list_segments
+from kapok.storage.segments import list_segments
 from kapok.testing.nodehttp import metric, publish
 from kapok.testing.pair import start_pair, state_of
 from kapok.testing.poll import eventually

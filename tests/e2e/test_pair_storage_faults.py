@@ -41,7 +41,7 @@ from tests.e2e.disks import mounted_tmpfs
 
 from kapok.launch import NodeProcess, cluster_sets, get_json, start_node, stop_all, wait_for
 from kapok.storage.records import HEADER
-from kapok.storage.wal import free_bytes, list_segments
+from kapok.storage.segments import free_bytes, list_segments
 from kapok.testing.history import History
 from kapok.testing.nodehttp import drain, metric, publish
 from kapok.testing.pair import state_of

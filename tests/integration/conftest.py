@@ -64,7 +64,7 @@ ALLOWED: Final[tuple[tuple[str, frozenset[str], str], ...]] = (
      "a log line is written where it happens, by design; lines are few and rate-limited"),
     ("logging/handlers.py", frozenset({"emit"}),
      "the same, for the rotating log file (log.file), its rotation included"),
-    ("kapok/storage/wal.py", frozenset({"_write"}),
+    ("kapok/storage/segments.py", frozenset({"write"}),
      "the WAL's small batches (INLINE_WRITE_BYTES, 64 KiB, no fsync awaited) are written inline "
      "by design; larger ones go to its thread"),
     ("kapok/storage/disk.py", frozenset({"open"}),

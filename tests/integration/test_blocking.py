@@ -20,7 +20,7 @@ from tests.integration.conftest import OFF_SWITCH, BlockingCall, Start
 
 from kapok.server.routes.middlewares import error_middleware
 from kapok.service import BrokerService
-from kapok.storage.wal import list_segments
+from kapok.storage.segments import list_segments
 from kapok.testing.slow import scaled
 
 AUTH = {"Authorization": "Bearer test"}

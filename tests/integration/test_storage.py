@@ -48,8 +48,9 @@ from kapok.service import BrokerService
 from kapok.storage import disk as disk_module
 from kapok.storage.disk import DiskStore
 from kapok.storage.records import decode_frames, encode, encode_end
+from kapok.storage.segments import list_segments
 from kapok.storage.snapshot import list_snapshots
-from kapok.storage.wal import WriteAheadLog, list_segments
+from kapok.storage.wal import WriteAheadLog
 from kapok.testing import ManualClock, eventually
 from kapok.testing.inprocess import InProcessNode
 from kapok.testing.slow import scaled
@@ -475,9 +476,9 @@ async def test_interval_acks_do_not_wait_for_fsync_and_fsyncs_run_periodically(
     for i in range(5):
         await ws.pub("t", f"m{i}")
         await asyncio.sleep(0.06)
-    await eventually(lambda: not node.store.wal._dirty, what="the interval fsync")
+    await eventually(lambda: not node.store.wal.files.dirty, what="the interval fsync")
     assert 2 <= gate.file_calls <= 6
-    await eventually(lambda: node.store.wal._background_jobs == 0, what="the last fsync to end")
+    await eventually(lambda: node.store.wal.files.background_jobs == 0, what="the last fsync to end")
     idle = gate.file_calls
     # Back to its 0.02 s naps: the loop runs timers in deadline order, so the syncer has
     # looked at the idle log several times before this sleep ends.
@@ -493,7 +494,7 @@ async def test_interval_acks_do_not_wait_for_fsync_and_fsyncs_run_periodically(
         await eventually(lambda: gate.waiting == 1, what="the interval fsync of the new record")
     finally:
         gate.release()
-    await eventually(lambda: gate.waiting == 0 and not node.store.wal._dirty, what="the fsync to finish")
+    await eventually(lambda: gate.waiting == 0 and not node.store.wal.files.dirty, what="the fsync to finish")
     assert gate.file_calls == idle + 1
     assert not gate.timed_out
     await ws.ws.close()
@@ -508,7 +509,7 @@ async def test_interval_acks_never_wait_for_a_slow_fsync(
     )
     ws = await v1(session, node)
     await ws.pub("t", "warm-up")
-    await eventually(lambda: not node.store.wal._dirty, what="the interval fsync")
+    await eventually(lambda: not node.store.wal.files.dirty, what="the interval fsync")
     gate.hold()
     try:
         await ws.pub("t", "one")  # written; the timer's fsync of it now hangs
@@ -537,7 +538,7 @@ async def test_never_acks_do_not_wait_for_fsync(
             await kp.send_str(json.dumps({"MessageData": f"k{i}"}))
             assert await kp.receive_str(timeout=T) == "ok"
         assert len(await asyncio.wait_for(http_pub(session, node, "t", {"data": "h"}), T)) == 1
-        assert node.store.wal._background_jobs == 0  # no fsync even queued for later
+        assert node.store.wal.files.background_jobs == 0  # no fsync even queued for later
         assert gate.file_calls == base
         assert gate.waiting == 0
     finally:

@@ -22,7 +22,7 @@ from kapok.core.broker import Broker
 from kapok.errors import StorageError
 from kapok.storage.disk import DiskStore
 from kapok.storage.records import encode_batch, encode_payload
-from kapok.storage.wal import segment_path
+from kapok.storage.segments import segment_path
 from kapok.testing import eventually
 from kapok.testing.slow import scaled
 

@@ -19,9 +19,11 @@ from tests.unit.storage.walfiles import make_records, read_log
 
 from kapok.core.changes import Change, GroupCreated
 from kapok.errors import StorageError
+from kapok.storage import segments as segments_module
 from kapok.storage import wal as wal_module
 from kapok.storage.records import FrameReader
-from kapok.storage.wal import WriteAheadLog, list_segments
+from kapok.storage.segments import list_segments
+from kapok.storage.wal import WriteAheadLog
 from kapok.testing import eventually
 from kapok.testing.slow import scaled
 
@@ -145,7 +147,7 @@ def writers(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         names.append(threading.current_thread().name)
         return real_writev(fd, parts)
 
-    monkeypatch.setattr("kapok.storage.wal.os.writev", writev)
+    monkeypatch.setattr("kapok.storage.segments.os.writev", writev)
     return names
 
 
@@ -156,11 +158,11 @@ async def test_small_writes_stay_on_the_loop_unless_an_fsync_is_due(
     wal = WriteAheadLog(tmp_path, policy=policy, interval_ms=1000, segment_max_bytes=1 << 22)
     wal.start(0)
     small = make_records(3)
-    big = [GroupCreated("t", "g" * 200, float(i)) for i in range(wal_module.INLINE_WRITE_BYTES // 200)]
+    big = [GroupCreated("t", "g" * 200, float(i)) for i in range(segments_module.INLINE_WRITE_BYTES // 200)]
     for records in (small, small, big, small):  # the first write opens the segment
         await wal.append(records)
         # the fsync of the directory, after the segment was created
-        await eventually(lambda: not wal._background_jobs, timeout_s=T, what="the background fsyncs")
+        await eventually(lambda: not wal.files.background_jobs, timeout_s=T, what="the background fsyncs")
     await wal.aclose()
     loop_thread = threading.current_thread().name
     on_loop = [name == loop_thread for name in writers]
@@ -212,13 +214,13 @@ async def test_write_now_writes_on_the_callers_turn_when_the_flusher_would_inlin
     first = wal.append(make_records(2))
     assert not wal.write_now()  # the first write opens the segment: the writer thread's
     await first
-    await eventually(lambda: not wal._background_jobs, timeout_s=T, what="the background fsyncs")
+    await eventually(lambda: not wal.files.background_jobs, timeout_s=T, what="the background fsyncs")
     small = wal.append(make_records(3, 2))
     assert wal.write_now() is (policy != "always")
     assert small.done() is (policy != "always")
     await small
     big_records = [
-        GroupCreated("t", "g" * 200, float(i)) for i in range(wal_module.INLINE_WRITE_BYTES // 200)
+        GroupCreated("t", "g" * 200, float(i)) for i in range(segments_module.INLINE_WRITE_BYTES // 200)
     ]
     big = wal.append(big_records)
     assert not wal.write_now()  # too large for the loop: the flusher writes it, encoded once
@@ -252,13 +254,13 @@ async def test_write_now_after_a_failed_write_fails_the_appends(tmp_path: Path) 
     wal = WriteAheadLog(tmp_path, policy="never", interval_ms=1000, segment_max_bytes=1 << 22)
     wal.start(0)
     await wal.append(make_records(1))
-    assert wal._file is not None
-    os.close(wal._file)  # the next write fails (EBADF), as a dead disk would make it
+    assert wal.files.file is not None
+    os.close(wal.files.file)  # the next write fails (EBADF), as a dead disk would make it
     pending = wal.append(make_records(1, 1))
     assert not wal.write_now()
     assert pending.done() and isinstance(pending.exception(), StorageError)
     assert wal.failed is not None
     with pytest.raises(StorageError):
         wal.append(make_records(1, 2))
-    wal._file = None  # closed above
+    wal.files.file = None  # closed above
     await wal.aclose()

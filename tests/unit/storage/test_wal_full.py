@@ -132,7 +132,7 @@ async def test_other_write_errors_still_fail_the_log(tmp_path: Path, monkeypatch
 
     wal = small_wal(tmp_path, "always")
     wal.start(0)
-    monkeypatch.setattr("kapok.storage.wal.os.writev", broken)
+    monkeypatch.setattr("kapok.storage.segments.os.writev", broken)
     with pytest.raises(StorageError, match="Input/output error"):
         await asyncio.wait_for(wal.append(make_records(1)), T)
     assert wal.failed is not None and not wal.full

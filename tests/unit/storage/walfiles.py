@@ -11,7 +11,8 @@ import pytest
 
 from kapok.core.changes import Change, GroupCreated
 from kapok.storage.records import FrameReader
-from kapok.storage.wal import WriteAheadLog, list_segments
+from kapok.storage.segments import list_segments
+from kapok.storage.wal import WriteAheadLog
 
 
 def make_records(n: int, start: int = 0) -> list[Change]:
@@ -41,9 +42,9 @@ class FillingDisk:
         self.full = False
         self.refused = 0
         self._writev, self._write, self._open = os.writev, os.write, os.open
-        monkeypatch.setattr("kapok.storage.wal.os.writev", self.writev)
-        monkeypatch.setattr("kapok.storage.wal.os.write", self.write)
-        monkeypatch.setattr("kapok.storage.wal.os.open", self.open)
+        monkeypatch.setattr("kapok.storage.segments.os.writev", self.writev)
+        monkeypatch.setattr("kapok.storage.segments.os.write", self.write)
+        monkeypatch.setattr("kapok.storage.segments.os.open", self.open)
 
     def _no_space(self) -> OSError:
         self.refused += 1
