@@ -25,7 +25,8 @@ import heapq
 import operator
 from collections.abc import Iterator
 
-from kapok.core.model import SEQ_MASK, Held, Message, Waiting, code_seq
+from kapok.core.codes import SEQ_MASK, code_seq
+from kapok.core.model import Held, Message, Waiting
 
 __all__ = ["MessageIndex"]
 

@@ -12,7 +12,8 @@ import sys
 
 from kapok.core import changes as ch
 from kapok.core.admission import MESSAGE_OVERHEAD_BYTES
-from kapok.core.model import SEQ_MASK, CodeBlock, Draft, Entry, Message, Status, Waiting, code_prefix
+from kapok.core.codes import SEQ_MASK, CodeBlock, code_prefix
+from kapok.core.model import Draft, Entry, Message, Status, Waiting
 from kapok.core.state import BrokerState, small_route
 from kapok.core.topics import Group, Topic
 

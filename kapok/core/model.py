@@ -14,7 +14,7 @@ producer id, the first 30 digits of the code) with the broker's own objects;
 a message *is* the entry of its first group (almost every message has
 exactly one group), so a queued message is one object plus its payload, and
 its code is made again at the edge. See ``Entry``, ``Message`` and
-``CodeBlock``.
+``kapok.core.codes``.
 
 They are not frozen: the broker mutates them in place on the hot path, and
 nothing outside ``kapok.core`` may.
@@ -25,6 +25,7 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Final, final
 
+from kapok.core.codes import HEX2, CodeBlock
 from kapok.core.frozen import record
 
 if TYPE_CHECKING:
@@ -32,9 +33,6 @@ if TYPE_CHECKING:
     from kapok.core.topics import Group
 
 __all__ = [
-    "SEQ_MASK",
-    "CodeBlock",
-    "CodeMaker",
     "Consumer",
     "Draft",
     "Entry",
@@ -44,9 +42,6 @@ __all__ = [
     "Status",
     "Stored",
     "Waiting",
-    "code_prefix",
-    "code_seq",
-    "make_code",
 ]
 
 
@@ -84,96 +79,6 @@ class Status(enum.Enum):
         self.text = value
 
 
-def make_code(create_ms: int, node_id: int, seq: int) -> str:
-    """32 lowercase hex digits, like KapokMQ's codes, but ordered by creation time.
-
-    48 bits of milliseconds, 32 bits of node id, 48 bits of node sequence: unique
-    across the cluster (node ids differ) and across restarts (the sequence is
-    restored by recovery), and sortable by creation time as plain strings.
-    """
-    return f"{code_prefix(create_ms, node_id)}{seq & 0xFFFFFFFFFFFF:012x}"
-
-
-def code_prefix(create_ms: int, node_id: int) -> str:
-    """The first 20 digits of ``make_code``: shared by a whole publish batch."""
-    return f"{create_ms & 0xFFFFFFFFFFFF:012x}{node_id & 0xFFFFFFFF:08x}"
-
-
-def code_seq(code: str) -> int | None:
-    """The sequence number inside a code made by ``make_code`` (None: not such a code)."""
-    if len(code) != 32:
-        return None
-    try:
-        return int(code[20:], 16)
-    except ValueError:
-        return None
-
-
-SEQ_MASK = 0xFFFFFFFFFFFF  # a code carries 48 bits of its message's number
-_HEX2 = tuple(f"{i:02x}" for i in range(256))
-
-
-@final  # ``type(x) is CodeBlock`` then tells it from a code (a ``str``)
-class CodeBlock:
-    """What up to 256 codes made by ``make_code`` share: their first 30 digits (time, node,
-    and the sequence number but its last byte), and the number of the block's first code.
-
-    A message whose code has this layout keeps its block (one object for the messages of
-    a publish batch) and the last byte of its number, a small int Python shares, instead of
-    its code and its number: 128 bytes a queued message. Its code is the block's digits and
-    two more (``Message.code``).
-    """
-
-    __slots__ = ("base", "head")
-
-    def __init__(self, head: str, base: int) -> None:
-        self.head = head  # 30 digits
-        self.base = base  # the sequence number of the block's code ending in "00"
-
-    def code(self, low: int) -> str:
-        """The code of the block's message ``base + low``."""
-        return self.head + _HEX2[low]
-
-
-class CodeMaker:
-    """The ``CodeBlock`` of ``make_code`` for consecutive sequence numbers, without
-    formatting an int per message.
-
-    Formatting an int costs about as much as the rest of storing a message.
-    The codes of one publish batch share their first 30 digits (time, node,
-    and the sequence number but its last byte), so those are formatted once
-    per batch and per 256 messages (a ``CodeBlock``), and the last two digits
-    come from a table.
-    """
-
-    __slots__ = ("_last",)
-
-    def __init__(self) -> None:
-        self._last: tuple[str, int, CodeBlock] = ("", -1, CodeBlock("", -1))
-
-    def block(self, prefix: str, seq: int) -> CodeBlock:
-        """The block of ``make_code`` of the ``prefix`` (``code_prefix``) and ``seq``: the one
-        of the last call when it is the same."""
-        last_prefix, last_high, block = self._last
-        high = (seq & SEQ_MASK) >> 8
-        if high != last_high or prefix is not last_prefix:
-            block = CodeBlock(f"{prefix}{high:010x}", seq & ~0xFF)
-            self._last = (prefix, high, block)
-        return block
-
-    def compact(self, code: str, seq: int) -> CodeBlock | str:
-        """What a ``Message`` keeps of ``code``, the code of message ``seq``: a shared
-        ``CodeBlock`` if ``code`` is ``make_code``'s for ``seq`` (the block of the last
-        one when it is the same), else the whole code (imported from KapokMQ, say)."""
-        _, high, block = self._last
-        if seq >> 8 == high and code == block.head + _HEX2[seq & 0xFF]:
-            return block  # the common case: the code after the last one (a replayed batch)
-        if len(code) != 32 or seq > SEQ_MASK:
-            return code
-        block = self.block(code[:20], seq)
-        return block if block.code(seq & 0xFF) == code else code
-
-
 class Stored:
     """What a ``Message`` and a ``Waiting`` read alike: the code, kept as its ``CodeBlock``
     and the last byte of the number, or whole; the topic, from the first group; the
@@ -195,7 +100,7 @@ class Stored:
     def code(self) -> str:
         """The message's 32 digits (its block's and two more), or its foreign code."""
         code = self._code
-        return code.head + _HEX2[self._seq] if type(code) is CodeBlock else code
+        return code.head + HEX2[self._seq] if type(code) is CodeBlock else code
 
     @property
     def topic(self) -> str:
@@ -367,7 +272,7 @@ class Message(Entry, Stored):
         if type(code) is CodeBlock:
             low = self._seq
             self._seq = code.base + low
-            code = self._code = code.head + _HEX2[low]
+            code = self._code = code.head + HEX2[low]
         return code
 
     @property

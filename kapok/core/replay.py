@@ -33,7 +33,8 @@ from collections.abc import Callable, Iterable, Iterator, Set
 
 from kapok.core import changes as ch
 from kapok.core.broker import Broker, small_route
-from kapok.core.model import CodeBlock, CodeMaker, Entry, Held, Message, Status, Waiting
+from kapok.core.codes import CodeBlock, CodeMaker
+from kapok.core.model import Entry, Held, Message, Status, Waiting
 from kapok.core.timers import RetentionQueue
 from kapok.core.topics import Group
 

@@ -18,7 +18,8 @@ import pytest
 from kapok.config import Config, FrozenMap, MqConfig, TopicOverride
 from kapok.core import changes as ch
 from kapok.core.broker import Broker, Draft, Settle
-from kapok.core.model import CodeMaker, Consumer, Entry, Message, Status, code_prefix, code_seq, make_code
+from kapok.core.codes import CodeMaker, code_prefix, code_seq, make_code
+from kapok.core.model import Consumer, Entry, Message, Status
 from kapok.core.topics import DEFAULT_GROUP, Group
 from kapok.errors import (
     BadRequestError,

@@ -6,8 +6,9 @@ import pytest
 from tests.unit.core.test_broker import make, pub
 
 from kapok.core import state as state_module
+from kapok.core.codes import CodeBlock, CodeMaker, code_prefix, make_code
 from kapok.core.index import MessageIndex
-from kapok.core.model import CodeBlock, CodeMaker, Draft, Message, Status, code_prefix, make_code
+from kapok.core.model import Draft, Message, Status
 from kapok.core.topics import Group, Topic
 
 GROUP = Group(Topic("t", make().settings.topic("t")), "g", durable=True)
