@@ -109,7 +109,8 @@ def archive_events(
     # for an untagged call (tests, tools), which is rare.
     events: list[Event] = []
     add = events.append
-    lsn = first_lsn if run is not None and first_lsn is not None else 0
+    tagged = run is not None and first_lsn is not None
+    lsn = first_lsn or 0
     for row in rows:
         kind = row[0]
         if kind == _DELIVERED:
@@ -157,7 +158,7 @@ def archive_events(
                 add({"ev": "deleted", "code": row[1], "t": row[2], "run": run, "lsn": lsn})
         # GroupCreated, Deduped, Checkpoint: bookkeeping, not part of a message's life.
         lsn += 1
-    if run is None or first_lsn is None:
+    if not tagged:
         for event in events:
             del event["run"], event["lsn"]
     return events
