@@ -1,8 +1,8 @@
 """The analytics job: archive files → ``engine`` → ``transforms`` → Parquet and ``summary.json``.
 
 It only wires; the rules live in ``kapok.analytics.transforms`` and
-``kapok.analytics.lifecycle``. Output, under ``OUTPUT`` (a local directory or any URI
-Spark writes):
+``kapok.analytics.lifecycle``, the output tables' columns in ``kapok.analytics.tables``.
+Output, under ``OUTPUT`` (a local directory or any URI Spark writes):
 
 * ``hourly/day=YYYY-MM-DD/`` Parquet: per topic × hour the counts, bytes,
   redelivery ratio and the durations' percentiles and histograms;
@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any
 
 import orjson
 import pyarrow as pa
@@ -50,17 +50,9 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from kapok.analytics import engine, reading
+from kapok.analytics import engine, reading, tables
 from kapok.analytics import transforms as tf
-from kapok.analytics.files import (
-    EVENTS_DDL,
-    archive_files,
-    file_bytes,
-    hadoop_path,
-    is_local,
-    read_local_table,
-    write_text,
-)
+from kapok.analytics.files import EVENTS_DDL, archive_files, file_bytes, write_text
 from kapok.analytics.session import first_line
 from kapok.errors import AnalyticsError
 
@@ -68,8 +60,6 @@ __all__ = ["SUMMARY_FILE", "JobResult", "Resume", "run_job", "scan_files"]
 
 SUMMARY_FILE = "summary.json"
 DAY_S = 86400
-# Timestamps as Parquet INT64 microseconds, UTC-adjusted (not the legacy INT96).
-WRITE_CONF = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +160,7 @@ def _run(
     groups = tf.group_table(counts, backlog, {row["day"] for row in hourly}, window)
     consumers = tf.consumer_table(figures.consumers, {row["day"] for row in hourly}, window)
     daily = tf.daily_counts(hourly)
-    kept = _partial_days(spark, output, hourly, daily, window)
+    kept = tables.partial_days(spark, output, hourly, daily, window)
     if kept:
         progress(
             f"kept {len(kept)} earlier day(s) as they were ({', '.join(kept)}): "
@@ -180,32 +170,34 @@ def _run(
             [row for row in rows if row["day"] not in kept] for rows in (hourly, daily, groups)
         )
     windows_table, groups_table = tf.table_names(window)
-    with _write_conf(spark):
-        tables = (
+    with tables.write_conf(spark):
+        written = (
             (windows_table, hourly),
             ("daily", daily),
             (groups_table, groups),
             (tf.consumers_table(window), consumers),
         )
-        for name, rows in tables:
+        for name, rows in written:
             (
-                _table(spark, rows, _schema(name, window))
+                tables.dataframe(spark, rows, tables.schema_of(name, window))
                 .coalesce(1)
                 .write.mode("overwrite")
                 .option("partitionOverwriteMode", "dynamic")  # only the days written here
                 .partitionBy("day")
-                .parquet(_join(output, name))
+                .parquet(tables.join(output, name))
             )
     # The summary covers every day of the table (history older than the archive too),
     # not only the days this run recomputed; its latencies are those of the acks read.
-    day_rows = _day_rows(spark, output, window)
+    day_rows = tables.day_rows(spark, output, window)
     topic_rows = tf.topic_totals(day_rows, stats)
     group_rows = tf.last_windows(groups, window)
     generated_at = datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
     summary = tf.summary(
         topic_rows, day_rows, generated_at, group_rows, window, tf.consumer_totals(consumers)
     )
-    write_text(spark, _join(output, SUMMARY_FILE), orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
+    write_text(
+        spark, tables.join(output, SUMMARY_FILE), orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode()
+    )
     carried = None
     if carry_t is not None:
         recent = int(pc.sum(pc.greater_equal(figures.carry["t"], carry_t)).as_py() or 0)
@@ -222,19 +214,6 @@ def _carry_t(scans: Iterable[reading.FileScan], resume: Resume | None) -> float 
         return None if resume is None else resume.t
     t = math.floor(last / DAY_S) * DAY_S
     return t if resume is None else max(t, resume.t)
-
-
-_COUNTS_DDL = ", ".join(
-    ["topic STRING", "`group` STRING", "window_t LONG", *(f"`{name}` LONG" for name in tf.SUMS)]
-)
-_STATS_DDL = (
-    "topic STRING, metric STRING, window_t LONG, p50 DOUBLE, p95 DOUBLE, p99 DOUBLE, max DOUBLE, count LONG, "
-    "hist ARRAY<LONG>"
-)
-_BACKLOG_DDL = (
-    "topic STRING, `group` STRING, window_t LONG, d_ready LONG, d_in_flight LONG, open_since DOUBLE, "
-    "closed_since DOUBLE"
-)
 
 
 def scan_files(files: DataFrame | None) -> dict[str, reading.FileScan]:
@@ -326,176 +305,6 @@ def _figures(
         .toArrow()
     )
     return engine.decode(rows)
-
-
-def _partial_days(
-    spark: SparkSession,
-    output: str,
-    hourly: Sequence[Mapping[str, Any]],
-    daily: Sequence[Mapping[str, Any]],
-    window: str = "hour",
-) -> list[str]:
-    """The recomputed days whose written partition holds more than the archive still does.
-
-    A day's existing partition wins when it has a window earlier than the recount's first
-    window of that day, or more counted events: the archive lost some of that day's events
-    (retention, or fewer inputs), so the recount would be partial.
-    """
-    days = sorted({str(row["day"]) for row in daily})
-    windows_table = tf.table_names(window)[0]
-    column = tf.window_column(window)
-    counted = tf.COUNTED_EVENTS
-    old_daily = _read_table(spark, _join(output, "daily"), _schema("daily", window), ["day", *counted], days)
-    old_hourly = _read_table(
-        spark, _join(output, windows_table), _schema(windows_table, window), ["day", column], days
-    )
-    if old_daily is None or old_hourly is None or not days:
-        return []
-    old_totals: dict[str, int] = {}
-    for row in old_daily.to_pylist():
-        old_totals[row["day"]] = old_totals.get(row["day"], 0) + sum(row[name] or 0 for name in counted)
-    old_firsts: dict[str, int] = {}
-    for row in old_hourly.to_pylist():
-        if row[column] is not None:
-            first = int(row[column].timestamp())
-            old_firsts[row["day"]] = min(first, old_firsts.get(row["day"], first))
-    new_totals: dict[str, int] = {}
-    for row in daily:
-        new_totals[row["day"]] = new_totals.get(row["day"], 0) + sum(row[name] for name in counted)
-    new_firsts: dict[str, int] = {}
-    for row in hourly:
-        new_firsts[row["day"]] = min(row["window_t"], new_firsts.get(row["day"], row["window_t"]))
-    kept = []
-    for day in set(old_totals) | set(old_firsts):
-        old_first, new_first = old_firsts.get(day), new_firsts.get(day)
-        earlier = old_first is not None and (new_first is None or old_first < new_first)
-        if old_totals.get(day, 0) > new_totals.get(day, 0) or earlier:
-            kept.append(day)
-    return sorted(kept)
-
-
-def _day_rows(spark: SparkSession, output: str, window: str) -> list[dict[str, Any]]:
-    """Every row of the ``daily`` table."""
-    history = _read_table(spark, _join(output, "daily"), _schema("daily", window))
-    return [] if history is None else history.to_pylist()
-
-
-def _read_table(
-    spark: SparkSession,
-    uri: str,
-    schema: pa.Schema,
-    columns: Sequence[str] | None = None,
-    days: Sequence[str] | None = None,
-) -> pa.Table | None:
-    """A table written by an earlier run (None if there is none), its ``day`` a string:
-    ``columns`` of it (all for None), of ``days`` (all for None); a column it lacks (written
-    before the column existed) reads as null. On a local disk this process reads it, else
-    Spark does."""
-    if is_local(uri):
-        return read_local_table(uri, schema, columns, days)
-    fs, path = hadoop_path(spark, uri)
-    if not fs.exists(path) or not fs.globStatus(hadoop_path(spark, uri + "/day=*")[1]):
-        return None
-    frame = spark.read.schema(_ddl(schema)).parquet(uri)
-    if days is not None:
-        frame = frame.where(F.col("day").isin(list(days)))
-    return (frame if columns is None else frame.select(*columns)).toArrow()
-
-
-_TIMESTAMP: Final = pa.timestamp("us", tz="UTC")
-_HIST: Final = pa.list_(pa.int64())
-
-
-def _schema(name: str, window: str) -> pa.Schema:
-    """The columns of table ``name`` (``day``, the partition, last): the windows table, ``daily``
-    or the groups table."""
-    sums = [pa.field(name, pa.int64()) for name in tf.SUMS]
-    column = tf.window_column(window)
-    windows_table, groups_table = tf.table_names(window)
-    if name == "daily":
-        fields = [pa.field("topic", pa.string()), *sums, pa.field("redelivery_ratio", pa.float64())]
-    elif name == windows_table:
-        durations: list[pa.Field] = []
-        for metric in tf.DURATION_METRICS:
-            durations.extend(
-                pa.field(f"{metric}_{stat}_ms", pa.float64()) for stat in (*tf.PERCENTILES, "max")
-            )
-            durations.append(pa.field(f"{metric}_hist", _HIST))
-        fields = [
-            pa.field("topic", pa.string()),
-            pa.field(column, _TIMESTAMP),
-            *sums,
-            pa.field("redelivery_ratio", pa.float64()),
-            *durations,
-            pa.field("delayed", pa.int64(), nullable=False),
-        ]
-    elif name == tf.consumers_table(window):
-        fields = [
-            pa.field("topic", pa.string()),
-            pa.field("group", pa.string()),
-            pa.field("consumer", pa.string()),
-            pa.field(column, _TIMESTAMP),
-            pa.field("delivered", pa.int64(), nullable=False),
-            pa.field("redelivered", pa.int64(), nullable=False),
-        ]
-    elif name == groups_table:
-        fields = [
-            pa.field("topic", pa.string()),
-            pa.field("group", pa.string()),
-            pa.field(column, _TIMESTAMP),
-            *(pa.field(name, pa.int64(), nullable=False) for name in tf.GROUP_SUMS),
-            pa.field("ready", pa.int64()),
-            pa.field("in_flight", pa.int64()),
-            pa.field("oldest_unacked_age_s", pa.float64()),
-        ]
-    else:
-        raise ValueError(f"no table {name!r}")
-    return pa.schema([*fields, pa.field("day", pa.string())])
-
-
-_SPARK_TYPES: Final = {
-    "string": "STRING",
-    "int64": "BIGINT",
-    "double": "DOUBLE",
-    "timestamp[us, tz=UTC]": "TIMESTAMP",
-}
-
-
-def _ddl(schema: pa.Schema) -> str:
-    def kind(field: pa.Field) -> str:
-        if pa.types.is_list(field.type):
-            return f"ARRAY<{_SPARK_TYPES[str(field.type.value_type)]}>"
-        return _SPARK_TYPES[str(field.type)]
-
-    return ", ".join(
-        f"`{field.name}` {kind(field)}" + ("" if field.nullable else " NOT NULL") for field in schema
-    )
-
-
-def _table(spark: SparkSession, rows: Sequence[Mapping[str, Any]], schema: pa.Schema) -> DataFrame:
-    """``rows`` (dicts with at least ``schema``'s columns) as a DataFrame of ``schema``."""
-    columns = {field.name: pa.array([row[field.name] for row in rows], field.type) for field in schema}
-    return spark.createDataFrame(pa.table(columns, schema=schema))
-
-
-@contextmanager
-def _write_conf(spark: SparkSession) -> Iterator[None]:
-    """The session's settings for the job's writes, restored after (the session may be a caller's)."""
-    before: dict[str, str | None] = {key: spark.conf.get(key, None) for key in WRITE_CONF}
-    for key, value in WRITE_CONF.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, old in before.items():
-            if old is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, old)
-
-
-def _join(base: str, name: str) -> str:
-    return base.rstrip("/") + "/" + name
 
 
 def _spark_error_line(exc: BaseException) -> str:
