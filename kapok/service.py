@@ -24,7 +24,8 @@ from kapok.cluster.node import format_addr, split_addr
 from kapok.config import Config
 from kapok.core.broker import Broker, Draft, Settle
 from kapok.core.changes import REQUEUED
-from kapok.core.model import Consumer, Entry
+from kapok.core.consumers import Consumer
+from kapok.core.model import Entry
 from kapok.core.topics import Group
 from kapok.errors import (
     BadRequestError,

@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kapok.core.broker import Broker, Draft, Stats
-    from kapok.core.model import Consumer, Entry, Message, Status
+    from kapok.core.consumers import Consumer
+    from kapok.core.model import Entry, Message, Status
 
 __all__ = ["Broker", "Consumer", "Draft", "Entry", "Message", "Stats", "Status"]
 
-_HOMES = {"Broker": "broker", "Draft": "broker", "Stats": "broker"}
+_HOMES = {"Broker": "broker", "Draft": "broker", "Stats": "broker", "Consumer": "consumers"}
 
 
 def __getattr__(name: str) -> Any:

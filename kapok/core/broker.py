@@ -45,8 +45,9 @@ from collections.abc import Iterable, Iterator
 
 from kapok.core import changes as ch
 from kapok.core.codes import code_prefix
+from kapok.core.consumers import NO_ROOM_LIMIT, Consumer
 from kapok.core.leases import PullMode, Settle
-from kapok.core.model import NO_ROOM_LIMIT, Consumer, Draft, Entry, Message, Status, Waiting
+from kapok.core.model import Draft, Entry, Message, Status, Waiting
 from kapok.core.restore import Recovery
 from kapok.core.routing import compile_pattern
 from kapok.core.state import Stats, check_name, small_route

@@ -17,8 +17,9 @@ from kapok.core import changes as ch
 from kapok.core.admission import Admission
 from kapok.core.claims import Claims
 from kapok.core.codes import CodeMaker
+from kapok.core.consumers import PUSH_OVERHEAD_BYTES, Consumer
 from kapok.core.index import MessageIndex
-from kapok.core.model import PUSH_OVERHEAD_BYTES, Consumer, Entry, GroupEntry, Status, Waiting
+from kapok.core.model import Entry, GroupEntry, Status, Waiting
 from kapok.core.settings import BrokerSettings
 from kapok.core.timers import Timers
 from kapok.core.topics import DEFAULT_GROUP, Group, Topic

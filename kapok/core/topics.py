@@ -28,7 +28,8 @@ from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from kapok.core.model import Consumer, Entry, Status, Waiting
+from kapok.core.consumers import Consumer
+from kapok.core.model import Entry, Status, Waiting
 
 if TYPE_CHECKING:
     from kapok.core.claims import Claims

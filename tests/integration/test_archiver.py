@@ -21,7 +21,8 @@ import pytest
 from kapok.config import load_config
 from kapok.core import changes as ch
 from kapok.core.broker import Draft
-from kapok.core.model import Consumer, Entry
+from kapok.core.consumers import Consumer
+from kapok.core.model import Entry
 from kapok.service import BrokerService
 from kapok.storage import archiver as archiver_module
 from kapok.storage.archive import list_archive_files, read_archive_file

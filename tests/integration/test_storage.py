@@ -41,7 +41,8 @@ from kapok.clock import Clock
 from kapok.config import load_config
 from kapok.core.broker import Broker, Draft
 from kapok.core.changes import GroupCreated
-from kapok.core.model import Consumer, Entry
+from kapok.core.consumers import Consumer
+from kapok.core.model import Entry
 from kapok.node.app import make_app
 from kapok.protocol.native import decode_frame, encode_pub
 from kapok.service import BrokerService

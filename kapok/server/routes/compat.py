@@ -17,7 +17,8 @@ from typing import Generic, TypeVar
 from aiohttp import web
 
 from kapok.core.broker import Draft
-from kapok.core.model import Consumer, Entry
+from kapok.core.consumers import Consumer
+from kapok.core.model import Entry
 from kapok.errors import BadRequestError, KapokError, UnavailableError
 from kapok.protocol.fields import client_label
 from kapok.protocol.kapokmq import KEY_ERROR, decode_produce, draft_from_fields, encode_error, encode_pushes

@@ -14,7 +14,8 @@ from typing import Any
 
 from aiohttp import web
 
-from kapok.core.model import Consumer, Entry
+from kapok.core.consumers import Consumer
+from kapok.core.model import Entry
 from kapok.errors import (
     BadRequestError,
     KapokError,

@@ -19,7 +19,8 @@ from kapok.config import Config, FrozenMap, MqConfig, TopicOverride
 from kapok.core import changes as ch
 from kapok.core.broker import Broker, Draft, Settle
 from kapok.core.codes import CodeMaker, code_prefix, code_seq, make_code
-from kapok.core.model import Consumer, Entry, Message, Status
+from kapok.core.consumers import Consumer
+from kapok.core.model import Entry, Message, Status
 from kapok.core.topics import DEFAULT_GROUP, Group
 from kapok.errors import (
     BadRequestError,

@@ -23,7 +23,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from kapok.config import Config, FrozenMap, TopicOverride
 from kapok.core.broker import Broker, Draft
-from kapok.core.model import Consumer, Entry, Status, Waiting
+from kapok.core.consumers import Consumer
+from kapok.core.model import Entry, Status, Waiting
 from kapok.core.topics import DEFAULT_GROUP, Queued
 
 P2P, PUBSUB = "t0", "t1"

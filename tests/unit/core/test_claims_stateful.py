@@ -19,7 +19,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from kapok.config import Config, FrozenMap, TopicOverride
 from kapok.core import changes as ch
 from kapok.core.broker import Broker, Draft, Settle
-from kapok.core.model import Consumer, Status
+from kapok.core.consumers import Consumer
+from kapok.core.model import Status
 from kapok.core.replay import Mirror, state_records
 
 T0 = 1_700_000_000.0

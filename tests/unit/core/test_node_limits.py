@@ -10,7 +10,8 @@ import pytest
 from kapok.config import Config
 from kapok.core.admission import MESSAGE_OVERHEAD_BYTES
 from kapok.core.broker import Broker
-from kapok.core.model import PUSH_OVERHEAD_BYTES, Draft
+from kapok.core.consumers import PUSH_OVERHEAD_BYTES
+from kapok.core.model import Draft
 from kapok.errors import QueueFullError
 
 T0 = 1_700_000_000.0
