@@ -75,7 +75,7 @@ ALLOWED: Final[tuple[tuple[str, frozenset[str], str], ...]] = (
      "start-up, before the node serves: finds the console's template and static folders"),
     ("kapok/bench/proc.py", frozenset({"_tree"}),
      "the benchmarks read their own RSS from /proc (memory, not disk) between timed phases"),
-    ("kapok/replication/node.py", frozenset({"_save"}),
+    ("kapok/replication/hosting.py", frozenset({"_save"}),
      "by design: a role change takes effect only once the pair state is on disk (a small file, "
      "written and fsynced at role changes only)"),
 )  # fmt: skip
