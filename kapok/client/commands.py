@@ -23,7 +23,7 @@ person typing or reading there would fight with it); ``--progress`` / ``--no-pro
 decide instead. The line is gone before the summary, so what follows is the same with or
 without it.
 
-The options are declared and checked in ``kapok.cli`` (so ``kapok --help`` stays instant).
+The options are declared and checked in ``kapok.cli_options`` (so ``kapok --help`` stays instant).
 The secret key comes from ``--secret``, else the environment variable ``KAPOK_SECRET``,
 else ``test`` (the shipped node's key). ``--key`` is the routing key (produce) or key
 pattern (consume), never the secret.
