@@ -107,6 +107,7 @@ class ServerConfig:
     auth_timeout_s: float = _opt(10.0, gt=0)  # seconds to complete the WebSocket secret-key handshake
     auth_max_attempts: int = _opt(3, lo=1)  # wrong keys before the connection is closed
     heartbeat_s: float = _opt(30.0, gt=0)  # a WebSocket client silent this long is pinged
+    busy_poll_us: int = _opt(200, lo=0, hi=100_000)  # µs the loop polls after a client's data (0 = never)
     send_queue_max_bytes: int = _opt(16 * _MIB, lo=1)  # bytes queued to a connection before its reads pause
     long_poll_max_s: float = _opt(60.0, gt=0)  # longest `wait` of an HTTP pull, seconds
     max_batch: int = _opt(1000, lo=1)  # messages per pub frame / HTTP batch

@@ -22,6 +22,7 @@ from kapok.replication.node import ReplicationNode
 from kapok.server.guard.clients import Clients
 from kapok.server.guard.connections import GUARD, ConnectionGuard, expect_handler, guard_ctx, guard_middleware
 from kapok.server.keys import (
+    BUSY_POLL,
     CLIENTS,
     CONFIG,
     CONNECTIONS,
@@ -45,6 +46,7 @@ from kapok.server.routes import (
 from kapok.server.routes.metrics import make_registry
 from kapok.server.routes.middlewares import auth_middleware, error_middleware
 from kapok.server.ws.base import frame_limit
+from kapok.server.ws.busypoll import BusyPoll
 from kapok.service import BrokerService
 from kapok.storage import Store
 from kapok.storage.disk import DiskStore
@@ -125,6 +127,9 @@ def make_app(
     clients = app[CLIENTS] = Clients(config.server)
     app[CONNECTIONS] = OpenSockets()
     app[REGISTRY] = make_registry(service, clients)
+    if config.server.busy_poll_us:
+        busy_poll = app[BUSY_POLL] = BusyPoll(config.server.busy_poll_us / 1e6)
+        app[REGISTRY].register(busy_poll)
     seams = app[SEAMS] = seams or Seams()
     # Connection limits and time-outs; a site that accepts through it (kapok.node.runner)
     # makes them real, the in-process test server goes without.

@@ -11,9 +11,10 @@ from kapok.cluster.node import GossipNode
 from kapok.config import Config
 from kapok.replication.node import ReplicationNode
 from kapok.server.guard.clients import Clients
+from kapok.server.ws.busypoll import BusyPoll
 from kapok.service import BrokerService
 
-__all__ = ["CLIENTS", "CONFIG", "CONNECTIONS", "GOSSIP", "REGISTRY", "REPLICATION", "SERVICE"]
+__all__ = ["BUSY_POLL", "CLIENTS", "CONFIG", "CONNECTIONS", "GOSSIP", "REGISTRY", "REPLICATION", "SERVICE"]
 
 CONFIG: Final = web.AppKey("config", Config)
 SERVICE: Final = web.AppKey("service", BrokerService)
@@ -37,3 +38,5 @@ REGISTRY: Final = web.AppKey("metrics_registry", CollectorRegistry)
 # Set only when cluster.enabled; read it with ``app.get(GOSSIP)``.
 GOSSIP: Final = web.AppKey("gossip", GossipNode)
 REPLICATION: Final = web.AppKey("replication", ReplicationNode)
+# Set unless server.busy_poll_us is 0.
+BUSY_POLL: Final = web.AppKey("busy_poll", BusyPoll)

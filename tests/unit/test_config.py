@@ -68,6 +68,7 @@ EXPECTED_DEFAULTS: dict[str, object] = {
     "server.auth_timeout_s": 10.0,
     "server.auth_max_attempts": 3,
     "server.heartbeat_s": 30.0,
+    "server.busy_poll_us": 200,
     "server.send_queue_max_bytes": 16 * 1024 * 1024,
     "server.long_poll_max_s": 60.0,
     "server.max_batch": 1000,

@@ -11,7 +11,7 @@ from kapok.errors import TooManyConnectionsError
 from kapok.server.aiohttp_seam import TakeoverResponse
 from kapok.server.guard.connections import set_state
 from kapok.server.guard.conntable import ConnState
-from kapok.server.keys import CONNECTIONS, SERVICE
+from kapok.server.keys import BUSY_POLL, CONNECTIONS, SERVICE
 from kapok.server.ws.outbox import Outbox
 from kapok.server.ws.socket import ServerSocket
 
@@ -35,8 +35,9 @@ async def accept(request: web.Request, *, max_size: int, heartbeat_s: float | No
     await response.prepare(request)
     transport, tail = response.take_over(request)
     sock = ServerSocket(
-        response, transport, max_size=max_size, heartbeat_s=heartbeat_s, close_timeout_s=CLOSE_TIMEOUT_S
-    )
+        response, transport, max_size=max_size, heartbeat_s=heartbeat_s, close_timeout_s=CLOSE_TIMEOUT_S,
+        poll=request.app.get(BUSY_POLL),
+    )  # fmt: skip
     if tail:  # frames the client sent without waiting for the 101
         sock.data_received(tail)
     return sock

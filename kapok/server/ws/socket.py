@@ -33,6 +33,7 @@ from typing import Protocol
 
 from aiohttp import WSMessage, WSMsgType, web
 
+from kapok.server.ws.busypoll import BusyPoll
 from kapok.server.ws.frames import (
     BINARY,
     CLOSE,
@@ -77,6 +78,7 @@ class ServerSocket(asyncio.Protocol):
         max_size: int,
         heartbeat_s: float | None,
         close_timeout_s: float,
+        poll: BusyPoll | None = None,
     ) -> None:
         self.response = response  # what the route returns to aiohttp
         self.transport = transport
@@ -101,6 +103,7 @@ class ServerSocket(asyncio.Protocol):
         self._heartbeat_s = heartbeat_s
         self._heard = self._loop.time()
         self._pinged = False
+        self._poll = poll  # told of every read (``kapok.server.ws.busypoll``)
         self.close_code: int | None = None
         transport.set_protocol(self)
         if heartbeat_s:
@@ -110,6 +113,8 @@ class ServerSocket(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._heard = self._loop.time()
+        if self._poll is not None:
+            self._poll.heard()
         if self._end is not None:
             return  # after a close frame or a violation nothing more is read
         frames = self._frames

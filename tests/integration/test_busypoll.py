@@ -1,0 +1,62 @@
+"""Busy polling on a real node (``server.busy_poll_us``): a client that waits for each answer
+keeps the loop polling, a trickle never does, and 0 turns it off; ``/metrics`` tells the cost."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+
+from kapok.server.keys import BUSY_POLL
+from kapok.testing import eventually
+from kapok.testing.slow import scaled
+
+T = scaled(5.0)
+
+
+async def _metric(session: aiohttp.ClientSession, node: Any) -> float | None:
+    async with session.get(f"{node.url}/metrics") as resp:
+        text = await resp.text()
+    for line in text.splitlines():
+        if line.startswith("kapok_busy_poll_seconds_total "):
+            return float(line.split()[1])
+    return None
+
+
+async def _pings(ws: aiohttp.ClientWebSocketResponse, n: int, gap_s: float = 0.0) -> None:
+    for i in range(n):
+        await ws.send_str(f'{{"op": "ping", "id": {i}}}')
+        assert (await ws.receive(timeout=T)).json() == {"op": "pong", "id": i}
+        if gap_s:
+            await asyncio.sleep(gap_s)  # the traffic's shape, not a wait for a condition
+
+
+async def test_request_after_request_keeps_the_loop_polling(make_node: Any, auth: dict[str, str]) -> None:
+    # A window of 50 ms: a round trip on loopback is far shorter, even on a busy machine.
+    node = await make_node("server.busy_poll_us=50000")
+    async with aiohttp.ClientSession() as session:
+        async with session.ws_connect(f"{node.ws_url}/v1/ws", headers=auth) as ws:
+            await _pings(ws, 40)
+        poll = node.app[BUSY_POLL]
+        # The polling ends 50 ms after the last data; only then are its seconds counted.
+        await eventually(lambda: poll.seconds > 0, what="a polling period")
+        assert (await _metric(session, node) or 0.0) >= poll.seconds > 0
+
+
+async def test_a_trickle_never_polls(make_node: Any, auth: dict[str, str]) -> None:
+    node = await make_node("server.busy_poll_us=200")
+    async with aiohttp.ClientSession() as session:
+        async with session.ws_connect(f"{node.ws_url}/v1/ws", headers=auth) as ws:
+            await _pings(ws, 15, gap_s=0.02)
+        assert node.app[BUSY_POLL].seconds == 0.0
+        assert await _metric(session, node) == 0.0
+
+
+async def test_zero_turns_it_off(make_node: Any, auth: dict[str, str]) -> None:
+    node = await make_node("server.busy_poll_us=0")
+    async with aiohttp.ClientSession() as session:
+        async with session.ws_connect(f"{node.ws_url}/v1/ws", headers=auth) as ws:
+            await _pings(ws, 40)
+        assert BUSY_POLL not in node.app
+        assert await _metric(session, node) is None
