@@ -14,8 +14,10 @@ process that is ready to run on it (a client, the archiver, another program) run
 When. Polling costs a core for as long as it lasts, so it is done only while it is likely
 to catch the next frame: ``SpinRule`` keeps an average of the gaps between the moments
 data arrived from clients, and polls for ``window_s`` after data only while that average
-is below ``window_s``. A steady trickle (a message every half a millisecond or more) never
-starts it; one request at a time, and bursts, do. A busy loop seldom gets to poll at all:
+is below ``window_s``; a window that passes without data resets the average, so that only a
+new run of dense gaps starts it again. A steady trickle (a message every half a millisecond or
+more) never starts it, nor do bunches of data on a machine too busy to wake the node at once;
+one request at a time does, and so do bursts. A busy loop seldom gets to poll at all:
 it has work of its own. ``server.busy_poll_us`` sets the window; 0 turns it off (a host
 shared with latency-insensitive work, or billed by CPU time).
 """
@@ -54,6 +56,12 @@ class SpinRule:
         self._gap += (gap - self._gap) * _WEIGHT
         return now + self.window_s if self._gap < self.window_s else None
 
+    def missed(self) -> None:
+        """A polling window passed without data: start again only after a run of dense gaps
+        (data that comes in bunches, on a machine too busy to wake the node at once, must
+        not start a poll that then waits in vain for the next bunch)."""
+        self._gap = _MAX_GAP_WINDOWS * self.window_s
+
 
 class BusyPoll(Collector):
     """Drives ``SpinRule`` on a loop: ``heard`` on every read of a client socket."""
@@ -85,6 +93,7 @@ class BusyPoll(Collector):
         if now >= self._until or loop.is_closed():
             self.seconds += now - self._since
             self._since = None
+            self._rule.missed()
             return
         os.sched_yield()
         loop.call_soon(self._step)

@@ -47,3 +47,11 @@ def test_after_an_idle_spell_a_few_dense_gaps_start_it_again() -> None:
 @given(st.lists(st.floats(min_value=W, max_value=10.0), min_size=1, max_size=100))
 def test_gaps_of_a_window_or_more_never_poll(gaps: list[float]) -> None:
     assert all(until is None for until in feed(SpinRule(W), gaps))
+
+
+def test_a_window_that_passes_in_vain_needs_a_new_run_of_dense_gaps() -> None:
+    rule = SpinRule(W)
+    assert feed(rule, [W / 4] * 30)[-1] is not None
+    rule.missed()
+    answers = feed(rule, [W / 4] * 12, start=200.0)
+    assert answers[:4] == [None] * 4 and answers[-1] is not None
