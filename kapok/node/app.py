@@ -19,6 +19,7 @@ from kapok.node.seams import Seams
 from kapok.replication.applier import UnappliedCollector
 from kapok.replication.link import SyncLink
 from kapok.replication.node import ReplicationNode
+from kapok.server.busypoll import BusyPoll
 from kapok.server.guard.clients import Clients
 from kapok.server.guard.connections import GUARD, ConnectionGuard, expect_handler, guard_ctx, guard_middleware
 from kapok.server.keys import (
@@ -46,7 +47,6 @@ from kapok.server.routes import (
 from kapok.server.routes.metrics import make_registry
 from kapok.server.routes.middlewares import auth_middleware, error_middleware
 from kapok.server.ws.base import frame_limit
-from kapok.server.ws.busypoll import BusyPoll
 from kapok.service import BrokerService
 from kapok.storage import Store
 from kapok.storage.disk import DiskStore

@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry
 from kapok.cluster.node import GossipNode
 from kapok.config import Config
 from kapok.replication.node import ReplicationNode
+from kapok.server.busypoll import BusyPoll
 from kapok.server.guard.clients import Clients
-from kapok.server.ws.busypoll import BusyPoll
 from kapok.service import BrokerService
 
 __all__ = ["BUSY_POLL", "CLIENTS", "CONFIG", "CONNECTIONS", "GOSSIP", "REGISTRY", "REPLICATION", "SERVICE"]

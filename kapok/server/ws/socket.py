@@ -33,7 +33,7 @@ from typing import Protocol
 
 from aiohttp import WSMessage, WSMsgType, web
 
-from kapok.server.ws.busypoll import BusyPoll
+from kapok.server.busypoll import BusyPoll
 from kapok.server.ws.frames import (
     BINARY,
     CLOSE,
@@ -103,7 +103,7 @@ class ServerSocket(asyncio.Protocol):
         self._heartbeat_s = heartbeat_s
         self._heard = self._loop.time()
         self._pinged = False
-        self._poll = poll  # told of every read (``kapok.server.ws.busypoll``)
+        self._poll = poll  # told of every read (``kapok.server.busypoll``)
         self.close_code: int | None = None
         transport.set_protocol(self)
         if heartbeat_s:

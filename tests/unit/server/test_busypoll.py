@@ -1,4 +1,4 @@
-"""When the node polls its sockets instead of sleeping (``kapok.server.ws.busypoll.SpinRule``)."""
+"""When the node polls its sockets instead of sleeping (``kapok.server.busypoll.SpinRule``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kapok.server.ws.busypoll import SpinRule
+from kapok.server.busypoll import SpinRule
 
 W = 0.000_2  # the default window, 200 µs
 
