@@ -9,7 +9,10 @@ whole work on the frame. Go's scheduler and Erlang's schedulers spin a little be
 park a thread for this reason. Here the loop is kept busy with a chain of ``call_soon``
 steps: while a step is pending the loop polls its sockets without blocking, so a frame
 that arrives is read at once. Each step also yields the core (``sched_yield``): any other
-process that is ready to run on it (a client, the archiver, another program) runs first.
+process that is ready to run on it (a client, the archiver, another program) runs first, and
+when that kept the loop away for longer than a window, the core is contended and polling
+ends: it would only take from the others (three nodes polling on one 2-core machine skewed
+a producer's latency-based balancing between them).
 
 When. Polling costs a core for as long as it lasts, so it is done only while it is likely
 to catch the next frame: ``SpinRule`` keeps an average of the gaps between the moments
@@ -70,8 +73,13 @@ class BusyPoll(Collector):
         self._rule = SpinRule(window_s)
         self._until = 0.0
         self._since: float | None = None  # polling since (monotonic), None while not polling
+        self._stepped = 0.0  # when the last step ran
         self._loop: asyncio.AbstractEventLoop | None = None
         self.seconds = 0.0  # spent polling, in periods that ended
+
+    @property
+    def polling(self) -> bool:
+        return self._since is not None
 
     def heard(self) -> None:
         loop = self._loop
@@ -83,18 +91,21 @@ class BusyPoll(Collector):
             return
         self._until = until
         if self._since is None:
-            self._since = now
+            self._since = self._stepped = now
             loop.call_soon(self._step)
 
     def _step(self) -> None:
         loop = self._loop
         assert loop is not None and self._since is not None
         now = time.monotonic()
-        if now >= self._until or loop.is_closed():
+        # Out of the window, or the core went to other work for longer than a window (its
+        # yield was taken: the core is contended, and polling only takes from the others).
+        if now >= self._until or now - self._stepped > self._rule.window_s:
             self.seconds += now - self._since
             self._since = None
             self._rule.missed()
             return
+        self._stepped = now
         os.sched_yield()
         loop.call_soon(self._step)
 

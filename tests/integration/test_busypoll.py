@@ -4,10 +4,12 @@ keeps the loop polling, a trickle never does, and 0 turns it off; ``/metrics`` t
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import aiohttp
 
+from kapok.server.busypoll import BusyPoll
 from kapok.server.keys import BUSY_POLL
 from kapok.testing import eventually
 from kapok.testing.slow import scaled
@@ -60,3 +62,21 @@ async def test_zero_turns_it_off(make_node: Any, auth: dict[str, str]) -> None:
             await _pings(ws, 40)
         assert BUSY_POLL not in node.app
         assert await _metric(session, node) is None
+
+
+async def test_polling_stops_when_the_core_goes_to_other_work() -> None:
+    window_s = 0.05
+    poll = BusyPoll(window_s)
+    for _ in range(20):  # dense data: polling starts
+        poll.heard()
+    await asyncio.sleep(0)
+    started = poll.polling
+    assert started
+    taken_until = time.monotonic() + 2 * window_s  # the loop does not run for two windows
+    while time.monotonic() < taken_until:  # (its core was taken), bounded by the clock
+        pass
+    poll.heard()  # data came meanwhile, so the window is open again
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not poll.polling  # a contended core: polling would only take from the others
+    assert poll.seconds >= 2 * window_s
