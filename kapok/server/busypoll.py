@@ -49,12 +49,13 @@ class SpinRule:
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
+        self._idle = _MAX_GAP_WINDOWS * window_s  # the longest gap counted
         self._last = float("-inf")
-        self._gap = _MAX_GAP_WINDOWS * window_s  # the average gap; start as if idle
+        self._gap = self._idle  # the average gap; start as if idle
 
     def heard(self, now: float) -> float | None:
         """Data arrived at ``now``: until when to poll (None: not now)."""
-        gap = min(now - self._last, _MAX_GAP_WINDOWS * self.window_s)
+        gap = min(now - self._last, self._idle)
         self._last = now
         self._gap += (gap - self._gap) * _WEIGHT
         return now + self.window_s if self._gap < self.window_s else None
@@ -63,7 +64,7 @@ class SpinRule:
         """A polling window passed without data: start again only after a run of dense gaps
         (data that comes in bunches, on a machine too busy to wake the node at once, must
         not start a poll that then waits in vain for the next bunch)."""
-        self._gap = _MAX_GAP_WINDOWS * self.window_s
+        self._gap = self._idle
 
 
 class BusyPoll(Collector):
