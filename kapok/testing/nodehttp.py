@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 from kapok.testing.slow import scaled
 
-__all__ = ["drain", "metric", "publish"]
+if TYPE_CHECKING:
+    import aiohttp
+
+__all__ = ["drain", "metric", "publish", "scrape_metric"]
 
 
 def _headers(key: str) -> dict[str, str]:
@@ -62,9 +65,34 @@ def metric(url: str, name: str, default: float = 0.0) -> float:
     does not answer."""
     try:
         with urllib.request.urlopen(url + "/metrics", timeout=scaled(5.0)) as resp:
-            for line in resp.read().decode().splitlines():
-                if line.startswith(name + " "):
-                    return float(line.split()[1])
+            found = _sample(resp.read().decode(), name)
     except OSError:
-        pass
-    return default
+        return default
+    return default if found is None else found
+
+
+@overload
+async def scrape_metric(session: aiohttp.ClientSession, url: str, name: str) -> float: ...
+
+
+@overload
+async def scrape_metric(
+    session: aiohttp.ClientSession, url: str, name: str, default: None
+) -> float | None: ...
+
+
+async def scrape_metric(
+    session: aiohttp.ClientSession, url: str, name: str, default: float | None = 0.0
+) -> float | None:
+    """``metric`` for a test on the node's own event loop (an in-process node must not be
+    read with a blocking call): one unlabelled sample, ``default`` when it is absent."""
+    async with session.get(url + "/metrics") as resp:
+        found = _sample(await resp.text(), name)
+    return default if found is None else found
+
+
+def _sample(text: str, name: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None

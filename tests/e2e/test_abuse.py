@@ -13,7 +13,6 @@ import asyncio
 import base64
 import json
 import os
-import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ import pytest
 
 from kapok.bench.proc import rss_bytes
 from kapok.launch import NodeProcess, start_node, wait_for
+from kapok.testing.nodehttp import scrape_metric
 from kapok.testing.slow import scaled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -128,10 +128,7 @@ async def pair_works(session: aiohttp.ClientSession, node: NodeProcess, n: int =
 
 
 async def metric(session: aiohttp.ClientSession, node: NodeProcess, name: str) -> float:
-    async with session.get(node.url + "/metrics") as resp:
-        text = await resp.text()
-    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
-    return float(match.group(1)) if match else 0.0
+    return await scrape_metric(session, node.url, name)
 
 
 async def after_attack(

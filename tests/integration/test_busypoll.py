@@ -12,18 +12,11 @@ import aiohttp
 from kapok.server.busypoll import BusyPoll
 from kapok.server.keys import BUSY_POLL
 from kapok.testing import eventually
+from kapok.testing.nodehttp import scrape_metric
 from kapok.testing.slow import scaled
 
 T = scaled(5.0)
-
-
-async def _metric(session: aiohttp.ClientSession, node: Any) -> float | None:
-    async with session.get(f"{node.url}/metrics") as resp:
-        text = await resp.text()
-    for line in text.splitlines():
-        if line.startswith("kapok_busy_poll_seconds_total "):
-            return float(line.split()[1])
-    return None
+_METRIC = "kapok_busy_poll_seconds_total"
 
 
 async def _pings(ws: aiohttp.ClientWebSocketResponse, n: int, gap_s: float = 0.0) -> None:
@@ -43,7 +36,7 @@ async def test_request_after_request_keeps_the_loop_polling(make_node: Any, auth
         poll = node.app[BUSY_POLL]
         # The polling ends 50 ms after the last data; only then are its seconds counted.
         await eventually(lambda: poll.seconds > 0, what="a polling period")
-        assert (await _metric(session, node) or 0.0) >= poll.seconds > 0
+        assert (await scrape_metric(session, node.url, _METRIC, None) or 0.0) >= poll.seconds > 0
 
 
 async def test_a_trickle_never_polls(make_node: Any, auth: dict[str, str]) -> None:
@@ -52,7 +45,7 @@ async def test_a_trickle_never_polls(make_node: Any, auth: dict[str, str]) -> No
         async with session.ws_connect(f"{node.ws_url}/v1/ws", headers=auth) as ws:
             await _pings(ws, 15, gap_s=0.02)
         assert node.app[BUSY_POLL].seconds == 0.0
-        assert await _metric(session, node) == 0.0
+        assert await scrape_metric(session, node.url, _METRIC, None) == 0.0
 
 
 async def test_zero_turns_it_off(make_node: Any, auth: dict[str, str]) -> None:
@@ -61,7 +54,7 @@ async def test_zero_turns_it_off(make_node: Any, auth: dict[str, str]) -> None:
         async with session.ws_connect(f"{node.ws_url}/v1/ws", headers=auth) as ws:
             await _pings(ws, 40)
         assert BUSY_POLL not in node.app
-        assert await _metric(session, node) is None
+        assert await scrape_metric(session, node.url, _METRIC, None) is None
 
 
 async def test_polling_stops_when_the_core_goes_to_other_work() -> None:

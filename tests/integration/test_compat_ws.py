@@ -26,6 +26,7 @@ import pytest
 from aiohttp import WSMsgType
 
 from kapok.testing import ManualClock, eventually
+from kapok.testing.nodehttp import scrape_metric
 from kapok.testing.slow import scaled
 
 SECRET = "test"
@@ -150,12 +151,7 @@ async def count(session: aiohttp.ClientSession, node: Any) -> dict[str, int]:
 
 
 async def metric(session: aiohttp.ClientSession, node: Any, name: str) -> float:
-    async with session.get(f"{node.url}/metrics") as resp:
-        text = await resp.text()
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return 0.0
+    return await scrape_metric(session, node.url, name)
 
 
 async def wait_consumers(session: aiohttp.ClientSession, node: Any, n: int) -> None:
