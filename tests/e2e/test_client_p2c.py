@@ -1,8 +1,15 @@
 """The producer's ``balance="p2c"`` against three real masters joined by gossip.
 
 1. Three equal masters: 6,000 publishes, a window of them unconfirmed at a time, are spread
-   evenly: the per-master confirmed counts pass a chi-square test of equal shares (p > 0.01).
-   The seed is one of the three: the node that answered discovery gets no more than its share.
+   evenly: every master's share is within ``SHARE_SLACK`` of a third, the seed's (the node
+   that answered discovery) included.
+   Not a chi-square test of equal shares: p2c's draws are not independent. It joins the
+   shorter of two queues, so its shares follow the masters' speeds, and three nodes on a
+   shared two-core machine are equal only on average: one that gets a tenth less CPU for
+   the run (another job on the machine) answers a tenth slower and rightly gets ~31 %, which
+   a test of independent draws at this count calls unequal (p ~ 1e-4). A skew of the
+   balancer itself, such as the seed favoured or nodes that speed up with their share, moves
+   a share by much more (a skew of that kind gave 20 %).
 2. One master is 20 ms away each way (its ``server.public_url`` is a TCP proxy in ``delay``
    mode, so gossip tells clients to reach it there): it gets clearly less than a third
    (under 25 %).
@@ -34,6 +41,7 @@ DEADLINE_S = scaled(30.0)
 N = 6000
 WINDOW = 100  # messages unconfirmed at a time
 DELAY_MS = 20.0  # each way, to the far master
+SHARE_SLACK = 0.05  # of the publishes: equal masters each get a third, give or take this
 
 
 def _start(base: Path, plans: list[NodePlan], public_url: Mapping[str, str]) -> list[NodeProcess]:
@@ -92,7 +100,10 @@ async def test_p2c_spreads_publishes_evenly_over_three_equal_masters(tmp_path: P
         print(f"\np2c, three equal masters, seed {names[0]}: {N} publishes in {elapsed:.2f} s, "
               f"confirmed per master {spread}, chi-square p = {p:.4f}")  # fmt: skip
         assert producer.stats.confirmed == N and sum(counts) == N
-        assert p > 0.01, f"not an even spread: {spread}, p = {p:.2e}"
+        uneven = {
+            name: f"{count / N:.1%}" for name, count in spread.items() if abs(count / N - 1 / 3) > SHARE_SLACK
+        }
+        assert not uneven, f"not an even spread: {spread} (chi-square p = {p:.2e}); off a third: {uneven}"
     finally:
         stop_all(nodes)
 
