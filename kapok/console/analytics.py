@@ -21,7 +21,8 @@ from typing import Any, Final
 import orjson
 
 from kapok.config import Config
-from kapok.core.model import Held, Status
+from kapok.core.model import Status
+from kapok.core.waiting import Held
 
 __all__ = [
     "Candidate",

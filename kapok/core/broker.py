@@ -47,11 +47,12 @@ from kapok.core import changes as ch
 from kapok.core.codes import code_prefix
 from kapok.core.consumers import NO_ROOM_LIMIT, Consumer
 from kapok.core.leases import PullMode, Settle
-from kapok.core.model import Draft, Entry, Message, Status, Waiting
+from kapok.core.model import Draft, Entry, Message, Status
 from kapok.core.restore import Recovery
 from kapok.core.routing import compile_pattern
 from kapok.core.state import Stats, check_name, small_route
 from kapok.core.topics import DEFAULT_GROUP, Group, Topic
+from kapok.core.waiting import Waiting
 from kapok.errors import SubscriptionError
 
 __all__ = ["Broker", "Draft", "Settle", "Stats", "check_name", "small_route"]

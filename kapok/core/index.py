@@ -7,7 +7,7 @@ a code reads the number back from it and checks that the message found there
 has that very code. A dict entry by code cost ~41 bytes a message and the
 code string itself 96 more; a list slot costs 8 and a ``Message`` that waits
 keeps no code (``CodeBlock``). A message that waits far back may be held as a
-``Waiting`` (``kapok.core.model``): a lookup makes it a ``Message`` and
+``Waiting`` (``kapok.core.waiting``): a lookup makes it a ``Message`` and
 keeps that in its place; ``held`` and ``newest_first`` read it as it is.
 
 Finished messages leave holes (``None``); the holes at the front are cut
@@ -26,7 +26,8 @@ import operator
 from collections.abc import Iterator
 
 from kapok.core.codes import SEQ_MASK, code_seq
-from kapok.core.model import Held, Message, Waiting
+from kapok.core.model import Message
+from kapok.core.waiting import Held, Waiting
 
 __all__ = ["MessageIndex"]
 

@@ -13,9 +13,10 @@ import sys
 from kapok.core import changes as ch
 from kapok.core.admission import MESSAGE_OVERHEAD_BYTES
 from kapok.core.codes import SEQ_MASK, CodeBlock, code_prefix
-from kapok.core.model import Draft, Entry, Message, Status, Waiting
+from kapok.core.model import Draft, Entry, Message, Status
 from kapok.core.state import BrokerState, small_route
 from kapok.core.topics import Group, Topic
+from kapok.core.waiting import Waiting
 
 __all__ = ["MessageLifecycle"]
 

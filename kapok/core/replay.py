@@ -34,9 +34,10 @@ from collections.abc import Callable, Iterable, Iterator, Set
 from kapok.core import changes as ch
 from kapok.core.broker import Broker, small_route
 from kapok.core.codes import CodeBlock, CodeMaker
-from kapok.core.model import Entry, Held, Message, Status, Waiting
+from kapok.core.model import Entry, Message, Status
 from kapok.core.timers import RetentionQueue
 from kapok.core.topics import Group
+from kapok.core.waiting import Held, Waiting
 
 __all__ = ["Mirror", "Restorer", "apply", "apply_all", "finish_recovery", "state_records"]
 

@@ -13,8 +13,9 @@ from kapok.core import changes as ch
 from kapok.core.admission import MESSAGE_OVERHEAD_BYTES
 from kapok.core.claims import Claims
 from kapok.core.lifecycle import MessageLifecycle
-from kapok.core.model import Entry, Message, Status, Waiting
+from kapok.core.model import Entry, Message, Status
 from kapok.core.topics import Group, Topic
+from kapok.core.waiting import Waiting
 
 __all__ = ["Recovery"]
 

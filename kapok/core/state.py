@@ -19,10 +19,11 @@ from kapok.core.claims import Claims
 from kapok.core.codes import CodeMaker
 from kapok.core.consumers import PUSH_OVERHEAD_BYTES, Consumer
 from kapok.core.index import MessageIndex
-from kapok.core.model import Entry, GroupEntry, Status, Waiting
+from kapok.core.model import Entry, GroupEntry, Status
 from kapok.core.settings import BrokerSettings
 from kapok.core.timers import Timers
 from kapok.core.topics import DEFAULT_GROUP, Group, Topic
+from kapok.core.waiting import Waiting
 from kapok.errors import BadRequestError, SubscriptionError
 
 __all__ = ["KEEP_CODES_QUEUED", "BrokerState", "Stats", "check_name", "small_route"]
@@ -30,7 +31,7 @@ __all__ = ["KEEP_CODES_QUEUED", "BrokerState", "Stats", "check_name", "small_rou
 MAX_NAME_CHARS = 255
 # Up to this many messages ready in its group, a message published keeps its code whole (at
 # most ~1 MB a group): it is soon delivered, and its code read again (push, ack, records).
-# Past it, a plain one is stored as a ``Waiting`` (``kapok.core.model``).
+# Past it, a plain one is stored as a ``Waiting`` (``kapok.core.waiting``).
 KEEP_CODES_QUEUED = 10_000
 _INFLIGHT = Status.INFLIGHT
 

@@ -18,7 +18,7 @@ deques, one per priority; ``Group.assign`` hands them to consumers:
 
 Entries leave deques lazily: one that stopped being READY while queued
 (expired, dropped, deleted) is discarded when it reaches the head. A plain
-message far back may wait as a ``Waiting`` (``kapok.core.model``), made a
+message far back may wait as a ``Waiting`` (``kapok.core.waiting``), made a
 ``Message`` when it reaches the head, unless a lookup by code made it earlier.
 """
 
@@ -29,7 +29,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from kapok.core.consumers import Consumer
-from kapok.core.model import Entry, Status, Waiting
+from kapok.core.model import Entry, Status
+from kapok.core.waiting import Waiting
 
 if TYPE_CHECKING:
     from kapok.core.claims import Claims
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_GROUP", "Group", "Queued", "Topic"]
 
-Queued = Entry | Waiting  # what a ready queue holds (a ``Waiting``: see kapok.core.model)
+Queued = Entry | Waiting  # what a ready queue holds (a ``Waiting``: see kapok.core.waiting)
 
 DEFAULT_GROUP = "default"
 PRIORITIES = 10

@@ -1,4 +1,4 @@
-"""A backlog deep enough that its far end is held small (a ``Waiting``, kapok.core.model), through a
+"""A backlog deep enough that its far end is held small (a ``Waiting``, kapok.core.waiting), through a
 clean stop, a kill -9 and a drain of a real node: every message comes back once, whole,
 in publish order; lookups and deletes by code reach the messages that wait."""
 

@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kapok.core.index import MessageIndex
-from kapok.core.model import Entry, Held, Message, Status, Waiting
+from kapok.core.model import Entry, Message, Status
+from kapok.core.waiting import Held, Waiting
 
 __all__ = ["MessageQuery", "SearchPage", "search_messages"]
 

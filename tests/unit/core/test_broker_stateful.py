@@ -24,8 +24,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kapok.config import Config, FrozenMap, TopicOverride
 from kapok.core.broker import Broker, Draft
 from kapok.core.consumers import Consumer
-from kapok.core.model import Entry, Status, Waiting
+from kapok.core.model import Entry, Status
 from kapok.core.topics import DEFAULT_GROUP, Queued
+from kapok.core.waiting import Waiting
 
 P2P, PUBSUB = "t0", "t1"
 TOPICS = (P2P, PUBSUB)
@@ -439,7 +440,7 @@ TestBrokerStateMachine = BrokerMachine.TestCase
 
 class WaitingBrokerMachine(BrokerMachine):
     """The same, with every plain message past the first ready one in its group held as a
-    ``Waiting`` (``kapok.core.model``)."""
+    ``Waiting`` (``kapok.core.waiting``)."""
 
     def __init__(self) -> None:
         super().__init__()

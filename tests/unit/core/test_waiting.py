@@ -1,4 +1,4 @@
-"""A plain message far back in its queue is held as a ``Waiting`` (``kapok.core.model``)."""
+"""A plain message far back in its queue is held as a ``Waiting`` (``kapok.core.waiting``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from kapok.config.schema import TopicOverride
 from kapok.core import replay
 from kapok.core import state as state_module
 from kapok.core.broker import Broker
-from kapok.core.model import Draft, Message, Status, Waiting
+from kapok.core.model import Draft, Message, Status
+from kapok.core.waiting import Waiting
 from kapok.server.routes.search import MessageQuery, search_messages
 
 KEEP = 3  # ready messages in a group before the next plain one is held as a ``Waiting``
