@@ -2,7 +2,8 @@
 
 * ``reading``, ``unique``, ``lifecycle``, ``engine``: the per-event work, in Arrow and
   plain Python inside Spark's tasks (no Spark imported: tested in one process);
-* ``transforms``: the rules, and the tables and summary made of the engine's figures;
+* ``transforms``: the rules, and the tables made of the engine's figures;
+* ``summary``: ``summary.json``, made of those tables;
 * ``inputs``: what ``--input`` names (a node's storage dir, an archive folder, files,
   globs, URIs) and ``--since`` durations; checked before Spark starts;
 * ``session``: the SparkSession (Java check, local defaults, UTC);

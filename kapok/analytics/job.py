@@ -14,7 +14,7 @@ Output, under ``OUTPUT`` (a local directory or any URI Spark writes):
   deliveries and redeliveries (from archives that name consumers).
   With ``window`` "minute" or "day" the per-window tables are ``by_minute/``,
   ``groups_by_minute/`` and ``consumers_by_minute/`` (or ``…_day``) instead;
-* ``summary.json``: what the console draws (``transforms.summary``), replaced
+* ``summary.json``: what the console draws (``kapok.analytics.summary``), replaced
   atomically on a local disk, so a reader never sees half of it. Its days and counts
   are read back from ``daily/`` (every day it holds); its latencies are the run's.
 
@@ -51,6 +51,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kapok.analytics import engine, reading, tables
+from kapok.analytics import summary as sm
 from kapok.analytics import transforms as tf
 from kapok.analytics.files import EVENTS_DDL, archive_files, file_bytes, write_text
 from kapok.analytics.session import first_line
@@ -189,11 +190,11 @@ def _run(
     # The summary covers every day of the table (history older than the archive too),
     # not only the days this run recomputed; its latencies are those of the acks read.
     day_rows = tables.day_rows(spark, output, window)
-    topic_rows = tf.topic_totals(day_rows, stats)
-    group_rows = tf.last_windows(groups, window)
+    topic_rows = sm.topic_totals(day_rows, stats)
+    group_rows = sm.last_windows(groups, window)
     generated_at = datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-    summary = tf.summary(
-        topic_rows, day_rows, generated_at, group_rows, window, tf.consumer_totals(consumers)
+    summary = sm.summary(
+        topic_rows, day_rows, generated_at, group_rows, window, sm.consumer_totals(consumers)
     )
     write_text(
         spark, tables.join(output, SUMMARY_FILE), orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode()

@@ -1,5 +1,6 @@
 """The analytics job's rules, and the tables made of the small figures (per topic ×
 window) that ``kapok.analytics.engine`` computes from the events: plain Python, no Spark.
+``summary.json`` is made of these tables in ``kapok.analytics.summary``.
 
 Input: the archive's JSON lines (``kapok.storage.archive``), one lifecycle event a
 line: ``{"ev", "code", "topic", "group", "t", ...}`` with ``t`` in unix seconds
@@ -95,18 +96,16 @@ __all__ = [
     "ConsumerRow",
     "CountRow",
     "StatRow",
+    "add",
     "backlog",
     "consumer_table",
-    "consumer_totals",
     "consumers_table",
     "daily_counts",
     "group_table",
     "hourly_table",
-    "last_windows",
-    "summary",
+    "pivot",
     "table_names",
     "topic_counts",
-    "topic_totals",
     "window_column",
 ]
 
@@ -193,7 +192,7 @@ def _ratio(part: int, whole: int) -> float:
     return part / whole if whole > 0 else 0.0
 
 
-def _add(total: list[int], figures: Sequence[int | None]) -> None:
+def add(total: list[int], figures: Sequence[int | None]) -> None:
     for i, n in enumerate(figures):
         total[i] += n or 0
 
@@ -208,7 +207,7 @@ def topic_counts(counts: Iterable[CountRow], window: str = "hour") -> list[dict[
     ``redelivery_ratio``; and ``window_t`` (unix s), which the tables leave out."""
     sums: dict[tuple[str, int], list[int]] = {}
     for row in counts:
-        _add(sums.setdefault((row.topic, row.window_t), [0] * len(SUMS)), row.sums)
+        add(sums.setdefault((row.topic, row.window_t), [0] * len(SUMS)), row.sums)
     column = window_column(window)
     out: list[dict[str, Any]] = []
     for (topic, window_t), figures in sorted(sums.items()):
@@ -218,7 +217,7 @@ def topic_counts(counts: Iterable[CountRow], window: str = "hour") -> list[dict[
     return out
 
 
-def _pivot(stats: Iterable[StatRow]) -> dict[str, Any]:
+def pivot(stats: Iterable[StatRow]) -> dict[str, Any]:
     """One row's duration columns from its metrics' stats: ``<metric>_p50_ms`` … ``_max_ms``,
     ``<metric>_hist`` (null without values), and ``delayed`` (how many messages had a delay)."""
     out: dict[str, Any] = {}
@@ -237,12 +236,12 @@ def _pivot(stats: Iterable[StatRow]) -> dict[str, Any]:
 
 
 def hourly_table(counts: Iterable[Mapping[str, Any]], stats: Iterable[StatRow]) -> list[dict[str, Any]]:
-    """``topic_counts``' rows with the window's durations (``_pivot``; null without any)."""
+    """``topic_counts``' rows with the window's durations (``pivot``; null without any)."""
     per_window: dict[tuple[str, int], list[StatRow]] = {}
     for stat in stats:
         if stat.window_t is not None:
             per_window.setdefault((stat.topic, stat.window_t), []).append(stat)
-    return [{**row, **_pivot(per_window.get((row["topic"], row["window_t"]), ()))} for row in counts]
+    return [{**row, **pivot(per_window.get((row["topic"], row["window_t"]), ()))} for row in counts]
 
 
 def backlog(
@@ -289,7 +288,7 @@ def group_table(
     sums: dict[tuple[str, str, int], list[int]] = {}
     for count in counts:
         if count.group is not None:
-            _add(sums.setdefault((count.topic, count.group, count.window_t), [0] * len(SUMS)), count.sums)
+            add(sums.setdefault((count.topic, count.group, count.window_t), [0] * len(SUMS)), count.sums)
     wanted = set(days)
     column = window_column(window)
     out = []
@@ -312,7 +311,7 @@ def consumer_table(
     ``delivered`` and ``redelivered`` (summed over the tasks)."""
     sums: dict[tuple[str, str | None, str, int], list[int]] = {}
     for row in rows:
-        _add(
+        add(
             sums.setdefault((row.topic, row.group, row.consumer, row.window_t), [0, 0]),
             (row.delivered, row.redelivered),
         )
@@ -337,140 +336,13 @@ def consumer_table(
     return out
 
 
-def consumer_totals(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per topic × group × consumer: the deliveries of ``consumer_table``'s rows, for the summary."""
-    sums: dict[tuple[str, str, str], list[int]] = {}
-    for row in rows:
-        _add(
-            sums.setdefault((row["topic"], row["group"] or "", row["consumer"]), [0, 0]),
-            (row["delivered"], row["redelivered"]),
-        )
-    return [
-        {
-            "topic": topic,
-            "group": group,
-            "consumer": consumer,
-            "delivered": delivered,
-            "redelivered": redelivered,
-        }
-        for (topic, group, consumer), (delivered, redelivered) in sorted(sums.items())
-    ]
-
-
 def daily_counts(hourly: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per topic × day: the windows' sums, and the day's redelivery ratio."""
     sums: dict[tuple[str, str], list[int]] = {}
     for row in hourly:
-        _add(sums.setdefault((row["topic"], row["day"]), [0] * len(SUMS)), [row[name] for name in SUMS])
+        add(sums.setdefault((row["topic"], row["day"]), [0] * len(SUMS)), [row[name] for name in SUMS])
     out: list[dict[str, Any]] = []
     for (topic, day), figures in sorted(sums.items()):
         out.append({"topic": topic, "day": day, **dict(zip(SUMS, figures, strict=True))})
         out[-1]["redelivery_ratio"] = _ratio(out[-1]["redelivered"], out[-1]["delivered"])
     return out
-
-
-def topic_totals(daily: Iterable[Mapping[str, Any]], stats: Iterable[StatRow]) -> list[dict[str, Any]]:
-    """Per topic: the days' sums (a column an older table lacks counts 0), and the
-    overall durations (``_pivot``)."""
-    sums: dict[str, list[int]] = {}
-    for row in daily:
-        _add(sums.setdefault(row["topic"], [0] * len(SUMS)), [row.get(name) for name in SUMS])
-    overall: dict[str, list[StatRow]] = {}
-    for stat in stats:
-        if stat.window_t is None:
-            overall.setdefault(stat.topic, []).append(stat)
-    return [
-        {"topic": topic, **dict(zip(SUMS, figures, strict=True)), **_pivot(overall.get(topic, ()))}
-        for topic, figures in sorted(sums.items())
-    ]
-
-
-def last_windows(groups: Iterable[Mapping[str, Any]], window: str) -> list[dict[str, Any]]:
-    """Each group's row of its last window (the backlog the summary shows)."""
-    column = window_column(window)
-    last: dict[tuple[str, str], Mapping[str, Any]] = {}
-    for row in groups:
-        key = (row["topic"], row["group"])
-        if key not in last or row[column] > last[key][column]:
-            last[key] = row
-    return [dict(row) for row in last.values()]
-
-
-# ---------------------------------------------------------------------------------------
-# summary.json (plain Python on the collected rows: a few per topic and day)
-
-SUMMARY_COUNTS: Final = ("published", "delivered", "acked", "retried", "dead_lettered", "expired")
-
-
-def _ms(value: Any) -> float | None:
-    return None if value is None else round(float(value), 3)
-
-
-def _hist(value: Any) -> list[int] | None:
-    return None if value is None else [int(n) for n in value]
-
-
-def _group(row: Mapping[str, Any], column: str) -> dict[str, Any]:
-    start = row[column]
-    out: dict[str, Any] = {
-        "topic": str(row["topic"]),
-        "group": str(row["group"]),
-        "window_start": start.astimezone(UTC).isoformat().replace("+00:00", "Z") if start else None,
-        "ready": int(row["ready"]),
-        "in_flight": int(row["in_flight"]),
-    }
-    age = row["oldest_unacked_age_s"]
-    out["oldest_unacked_age_s"] = None if age is None else round(float(age), 3)
-    out.update({name: int(row[name]) for name in GROUP_SUMS})
-    return out
-
-
-def summary(
-    topics: Iterable[Mapping[str, Any]],
-    days: Iterable[Mapping[str, Any]],
-    generated_at: str,
-    groups: Iterable[Mapping[str, Any]] = (),
-    window: str = "hour",
-    consumers: Iterable[Mapping[str, Any]] = (),
-) -> dict[str, Any]:
-    """The console's ``summary.json`` from ``topic_totals``, ``daily_counts``, the last
-    ``group_table`` row of each group and ``consumer_totals``.
-
-    ``{"generated_at", "topics": {t: {counts…, "latency_ms": {"p50", "p95", "p99"}, …}},
-    "days": [{"day", "topic", counts…, "dropped", "bytes", "redelivery_ratio"}], …}``,
-    days sorted by day then topic; a latency is null where no ack had a known creation time.
-    Added after those keys: per topic ``queue_wait_ms``, ``processing_ms`` and ``delay_ms``
-    (p50, p95, p99 each), ``delayed`` and ``histograms`` (``latency``, ``queue_wait``,
-    ``processing``, ``delay``: counts per bucket, null without any); at the top
-    ``window``, ``histogram_bounds_ms``, ``groups`` (sorted by topic, group: the
-    backlog at the end of the group's last window) and ``consumers`` (per topic, group and
-    consumer: ``delivered``, ``redelivered`` in the days this run read).
-    """
-    out_topics: dict[str, Any] = {}
-    for row in sorted(topics, key=lambda r: str(r["topic"])):
-        entry: dict[str, Any] = {name: int(row[name]) for name in SUMMARY_COUNTS}
-        entry["latency_ms"] = {name: _ms(row[f"latency_{name}_ms"]) for name in PERCENTILES}
-        for metric in DURATION_METRICS[1:]:
-            entry[f"{metric}_ms"] = {name: _ms(row.get(f"{metric}_{name}_ms")) for name in PERCENTILES}
-        entry["delayed"] = int(row.get("delayed") or 0)
-        entry["histograms"] = {metric: _hist(row.get(f"{metric}_hist")) for metric in DURATION_METRICS}
-        out_topics[str(row["topic"])] = entry
-    out_days = []
-    for row in sorted(days, key=lambda r: (str(r["day"]), str(r["topic"]))):
-        day: dict[str, Any] = {"day": str(row["day"]), "topic": str(row["topic"])}
-        day.update({name: int(row[name]) for name in (*SUMMARY_COUNTS, "dropped", "bytes")})
-        day["redelivery_ratio"] = round(float(row["redelivery_ratio"]), 6)
-        out_days.append(day)
-    column = window_column(window)
-    out_groups = [
-        _group(row, column) for row in sorted(groups, key=lambda r: (str(r["topic"]), str(r["group"])))
-    ]
-    return {
-        "generated_at": generated_at,
-        "topics": out_topics,
-        "days": out_days,
-        "window": window,
-        "histogram_bounds_ms": list(HIST_BOUNDS_MS),
-        "groups": out_groups,
-        "consumers": [dict(row) for row in consumers],
-    }

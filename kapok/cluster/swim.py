@@ -25,20 +25,18 @@ with one random dead member (which heals partitions). The incarnation rules live
 
 The driver calls ``handle_packet`` / ``handle_stream`` when bytes arrive, ``tick`` when
 ``next_deadline()`` passes, and carries out the returned effects. Nothing here reads a clock,
-touches a socket or draws from global randomness.
+touches a socket or draws from global randomness. The state these rules work on, the queries
+and the outbox (piggybacking included) are ``SwimState``'s, in ``swimstate.py``.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from kapok.cluster.codec import Codec, DecodeError, KeyRing, meta_size
-from kapok.cluster.config import SwimConfig
-from kapok.cluster.membership import Member, Membership
+from kapok.cluster.codec import DecodeError, meta_size
+from kapok.cluster.membership import Member
 from kapok.cluster.messages import (
     Ack,
     Alive,
@@ -48,119 +46,24 @@ from kapok.cluster.messages import (
     Message,
     Nack,
     NodeMeta,
-    NodeState,
     Ping,
     PushPull,
-    Rng,
-    Send,
     SendStream,
     State,
     Suspect,
 )
-from kapok.cluster.suspicion import push_pull_scale, retransmit_limit
+from kapok.cluster.suspicion import push_pull_scale
+from kapok.cluster.swimstate import Probe, Relay, SwimState
 
 __all__ = ["Swim"]
 
 _INF = math.inf
 
 
-@dataclass(slots=True)
-class _Probe:
-    target: Member
-    incarnation: int  # the target's incarnation when the round started
-    seq: int
-    start: float
-    timeout_at: float
-    deadline: float
-    indirect_sent: bool = False
-    expected_nacks: int = 0
-    nacks: int = 0
-
-
-@dataclass(slots=True)
-class _Relay:
-    requester: str
-    seq: int
-    nack: bool
-
-
-class Swim:
+class Swim(SwimState):
     """One member's protocol state. See the module docstring for the protocol."""
 
-    def __init__(
-        self,
-        name: str,
-        addr: str,
-        meta: NodeMeta,
-        config: SwimConfig,
-        rng: Rng,
-        *,
-        codec: Codec | None = None,
-        keyring: KeyRing | None = None,
-        incarnation: int = 0,
-    ) -> None:
-        if meta.name != name:
-            raise ValueError(f"meta.name {meta.name!r} must be the node name {name!r}")
-        if not math.isfinite(meta.load):
-            raise ValueError("meta.load must be a finite number")
-        if meta_size(meta) > config.meta_max_bytes:
-            raise ValueError(f"node metadata is over {config.meta_max_bytes} bytes encoded")
-        self.name = name
-        self.addr = addr
-        self.config = config
-        self.rng = rng
-        self.codec = codec or Codec(keyring, config.max_packet_bytes)
-        self.stats: Counter[str] = Counter()
-        self._out: list[Effect] = []
-        me = Member(name, addr, incarnation, meta, 0.0)
-        self.table = Membership(me, config, rng, self.codec, self._out, self.stats)
-        self._seq = 0
-        self._started = False
-        self._probe: _Probe | None = None
-        self._next_probe = _INF
-        self._relays: dict[int, _Relay] = {}
-        self._relay_timers: list[tuple[float, int]] = []
-        self._gossip_phase = 0.0
-        self._next_gossip = _INF
-        self._next_push_pull = _INF
-        self._next_reconnect = _INF
-        self._seeds: tuple[str, ...] = ()
-        self._next_join = _INF
-
     # ------------------------------------------------------------ public API
-
-    @property
-    def incarnation(self) -> int:
-        return self.table.me.incarnation
-
-    @property
-    def awareness(self) -> int:
-        """Lifeguard local health score: 0 is healthy."""
-        return self.table.awareness.score
-
-    @property
-    def leave_done(self) -> bool:
-        """After ``leave``: the leave notice has been sent as often as the retransmit limit asks."""
-        return self.table.leaving and (self.name not in self.table.queue or not self.table.peer_count)
-
-    @property
-    def seeds(self) -> tuple[str, ...]:
-        """The seeds ``join`` contacts: the ones it was given, but for our own address."""
-        return self._seeds
-
-    @property
-    def auth_drops(self) -> int:
-        """Packets and streams dropped because the HMAC did not verify, or was missing or not
-        expected: the mark of a peer with another ``cluster.secret`` (or none)."""
-        return self.stats["drop_auth"] + self.stats["drop_unauthenticated"]
-
-    def members(self) -> tuple[NodeState, ...]:
-        """Every row this node holds, its own included."""
-        return self.table.snapshot()
-
-    def member(self, name: str) -> NodeState | None:
-        m = self.table.members.get(name)
-        return None if m is None else m.view()
 
     def join(self, seeds: Sequence[str], now: float) -> list[Effect]:
         """Exchange state with every seed; repeated every ``join_retry_s`` until a peer is alive."""
@@ -223,49 +126,7 @@ class Swim:
                 self._next_join = now + self.config.join_retry_s
         return self._flush(now)
 
-    def next_deadline(self) -> float:
-        """When ``tick`` next has work (``-inf`` before the first call of anything)."""
-        if not self._started:
-            return -_INF
-        probe = self._probe
-        if probe is None:
-            t = self._next_probe
-        else:
-            t = probe.deadline if probe.indirect_sent else probe.timeout_at
-        if self._relay_timers and self._relay_timers[0][0] < t:
-            t = self._relay_timers[0][0]
-        if self.table.queue and self._next_gossip < t:  # gossip only matters while something is queued
-            t = self._next_gossip
-        t = min(t, self._next_push_pull, self._next_reconnect, self._next_join)
-        expiry = self.table.next_expiry()
-        if expiry is not None and expiry < t:
-            t = expiry
-        return t
-
-    # ------------------------------------------------------------ plumbing
-
-    def _start(self, now: float) -> None:
-        if self._started:
-            return
-        self._started = True
-        cfg = self.config
-        rnd = self.rng.random
-        self.table.me.state_change = now
-        self._next_probe = now + rnd() * cfg.probe_interval_s
-        self._gossip_phase = now + rnd() * cfg.gossip_interval_s
-        self._next_push_pull = now + rnd() * cfg.push_pull_interval_s
-        self._next_reconnect = now + rnd() * cfg.reconnect_interval_s
-
-    def _flush(self, now: float) -> list[Effect]:
-        if self.table.queue and (self._next_gossip == _INF or self._next_gossip < now):
-            # Align gossip ticks to a per-node grid: the first one comes within one interval.
-            step = self.config.gossip_interval_s
-            self._next_gossip = self._gossip_phase + math.ceil((now - self._gossip_phase) / step) * step
-            if self._next_gossip <= now:
-                self._next_gossip += step
-        out = self._out[:]
-        self._out.clear()
-        return out
+    # ------------------------------------------------------------ message handlers
 
     def _handle(
         self, data: bytes | Sequence[Message], from_addr: str, now: float, limit: int, stream: bool = False
@@ -302,29 +163,6 @@ class Swim:
                 self._on_push_pull(msg, now)
         return self._flush(now)
 
-    def _send(self, addr: str, msgs: Sequence[Message]) -> None:
-        codec = self.codec
-        parts = [codec.encode_message(m) for m in msgs]
-        queue = self.table.queue
-        if queue:
-            budget = self.config.max_packet_bytes - codec.packet_size(parts) + (0 if parts else 1)
-            parts += queue.take(budget, self._retransmit_limit())
-        if not parts:
-            return
-        data = codec.seal(parts)
-        self.stats["packets_out"] += 1
-        self.stats["bytes_out"] += len(data)
-        self._out.append(Send(addr, data))
-
-    def _retransmit_limit(self) -> int:
-        return retransmit_limit(self.config.retransmit_mult, self.table.live)
-
-    def _next_seq(self) -> int:
-        self._seq = (self._seq + 1) & 0xFFFFFFFF
-        return self._seq
-
-    # ------------------------------------------------------------ message handlers
-
     def _on_ping(self, msg: Ping, from_addr: str) -> None:
         if msg.target and msg.target != self.name:
             self.stats["wrong_target"] += 1
@@ -348,7 +186,7 @@ class Swim:
             self.stats["unroutable"] += 1
             return
         seq = self._next_seq()
-        self._relays[seq] = _Relay(from_addr, msg.seq, msg.nack)
+        self._relays[seq] = Relay(from_addr, msg.seq, msg.nack)
         wait = self.config.probe_timeout_s * (self.config.nack_timeout_ratio if msg.nack else 1.0)
         heapq.heappush(self._relay_timers, (now + wait, seq))
         self.stats["relays"] += 1
@@ -428,7 +266,7 @@ class Swim:
         target = target_or_none
         seq = self._next_seq()
         interval = self.table.awareness.scale(cfg.probe_interval_s)
-        self._probe = _Probe(target, target.incarnation, seq, now, now + cfg.probe_timeout_s, now + interval)
+        self._probe = Probe(target, target.incarnation, seq, now, now + cfg.probe_timeout_s, now + interval)
         self.stats["probes"] += 1
         self._send(target.addr, self._probe_messages(Ping(seq, target.name, self.name), target))
 
@@ -438,7 +276,7 @@ class Swim:
             msgs.append(Suspect(target.incarnation, target.name, self.name))
         return msgs
 
-    def _stream_ping(self, probe: _Probe) -> None:
+    def _stream_ping(self, probe: Probe) -> None:
         """The TCP fallback probe, with the same seq so that its ack ends the round. The buddy
         suspect rides along: over a stream it reaches a suspect whose datagrams are lost."""
         target = probe.target
@@ -477,14 +315,3 @@ class Swim:
     def _send_join(self) -> None:
         for seed in self._seeds:
             self._stream(seed, join=True, reply=True)
-
-    def _stream(self, addr: str, *, join: bool, reply: bool) -> None:
-        codec = self.codec
-        data = codec.seal(
-            [codec.encode_push_pull(self.name, self.addr, join, reply, self.table.wire_snapshot())]
-        )
-        if len(data) > self.config.max_stream_bytes:
-            self.stats["stream_too_large"] += 1
-            return
-        self.stats["streams_out"] += 1
-        self._out.append(SendStream(addr, data))

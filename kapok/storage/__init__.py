@@ -1,7 +1,7 @@
 """Persistence: where the broker's change records go.
 
 ``MemoryStore`` and ``Store`` load on first use: the archiver process imports only
-``records`` and ``archive`` from here, and stays small without the broker.
+``records``, ``events`` and ``archive`` from here, and stays small without the broker.
 """
 
 from __future__ import annotations

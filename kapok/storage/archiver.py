@@ -8,7 +8,7 @@ process, which decodes them and appends the events with ``Archive``. The node pa
 one pipe write per batch of frames; the records the archive reads are exactly the
 ones the WAL holds, in log order. Each batch is headed by a small frame of its own
 (``position_frame``) with the LSN of its first record, so every event carries its
-record's LSN (``kapok.storage.archive``: what makes an event unique).
+record's LSN (``kapok.storage.events``: what makes an event unique).
 
 * ``ArchiveFeed`` is the node's end (asyncio). ``feed`` never blocks; ``drain``
   waits while the child is more than ``HIGH_WATER`` bytes behind (the WAL's

@@ -58,7 +58,7 @@ _U32: Final = struct.Struct("<I")
 MAX_PAYLOAD: Final = 256 * 1024 * 1024
 
 # Each record type's number: the first item of its row. Rows are this module's business,
-# and the archive's (``kapok.storage.archive`` reads rows, never records: it needs no data).
+# and the archive's (``kapok.storage.events`` reads rows, never records: it needs no data).
 KINDS: Final[dict[type[Any], int]] = {
     ch.Published: 1,
     ch.GroupCreated: 2,

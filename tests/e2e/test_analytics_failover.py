@@ -32,7 +32,8 @@ from typing import Any
 import pytest
 
 from kapok.launch import NodeProcess, cluster_sets, get_json, group_members, start_node, stop_all, wait_for
-from kapok.storage.archive import Event, list_archive_files, read_archive_file
+from kapok.storage.archive import list_archive_files, read_archive_file
+from kapok.storage.events import Event
 from kapok.testing.pair import start_pair
 from kapok.testing.slow import scaled
 

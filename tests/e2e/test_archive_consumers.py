@@ -26,7 +26,8 @@ from kapok.client import Consumer
 from kapok.core import changes as ch
 from kapok.errors import KapokError
 from kapok.launch import NodeProcess, get_json, group_members, stop_all, wait_for
-from kapok.storage.archive import Event, list_archive_files, read_archive_file
+from kapok.storage.archive import list_archive_files, read_archive_file
+from kapok.storage.events import Event
 from kapok.storage.records import FrameReader
 from kapok.storage.segments import list_segments
 from kapok.testing.nodehttp import metric, publish

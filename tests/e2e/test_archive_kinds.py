@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from kapok.launch import NodeProcess, start_node, wait_for
-from kapok.storage.archive import Event, list_archive_files, read_archive_file
+from kapok.storage.archive import list_archive_files, read_archive_file
+from kapok.storage.events import Event
 from kapok.testing.nodehttp import drain
 from kapok.testing.slow import scaled
 

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pytest
 
 from kapok.analytics import engine, reading
+from kapok.analytics import summary as sm
 from kapok.analytics import transforms as tf
 
 H = 3600.0
@@ -169,7 +170,7 @@ def test_each_kind_counts_as_itself_requeues_have_no_latency_deletes_are_not_dro
     }
     assert (rows["t.dlq"]["requeued"], rows["t.dlq"]["acked"]) == (1, 0)
     assert [d for d in _durations(*items) if d[1] == "latency"] == []
-    [total] = [r for r in tf.topic_totals(tf.daily_counts(_hourly(found)), found.stats) if r["topic"] == "t"]
+    [total] = [r for r in sm.topic_totals(tf.daily_counts(_hourly(found)), found.stats) if r["topic"] == "t"]
     assert (total["deleted"], total["dropped"], total["requeued"]) == (1, 1, 0)
 
 
@@ -234,7 +235,7 @@ def test_days_and_topics_sum_the_hours_exactly() -> None:
     assert (daily["2026-03-01"]["published"], daily["2026-03-01"]["bytes"]) == (2, 7)
     assert (daily["2026-03-01"]["delivered"], daily["2026-03-01"]["redelivery_ratio"]) == (2, 0.5)
     assert (daily["2026-03-02"]["published"], daily["2026-03-02"]["delivered"]) == (1, 0)
-    [total] = tf.topic_totals(tf.daily_counts(hourly), found.stats)
+    [total] = sm.topic_totals(tf.daily_counts(hourly), found.stats)
     assert (total["published"], total["bytes"], total["acked"]) == (3, 12, 1)
     assert total["latency_p99_ms"] == (H + 20) * 1000.0
 
@@ -249,7 +250,7 @@ def test_summary_has_the_consoles_shape() -> None:
     }
     topic["latency_max_ms"] = 9.0
     day = {"topic": "t", "day": "2026-03-01", **counts, "published": 3, "redelivery_ratio": 0.0}
-    out = tf.summary([topic], [day], "2026-03-01T00:00:00Z")
+    out = sm.summary([topic], [day], "2026-03-01T00:00:00Z")
     shown = {"published": 3, "delivered": 0, "acked": 0, "retried": 0, "dead_lettered": 0, "expired": 0}
     no_ms = {"p50": None, "p95": None, "p99": None}
     assert out == {
@@ -293,8 +294,8 @@ def test_summary_adds_the_latency_split_histograms_and_each_groups_last_backlog(
         **dict.fromkeys(tf.GROUP_SUMS, 1),
     }
     earlier = {**group, "minute": datetime.fromtimestamp(T0, UTC), "ready": 9}
-    last = tf.last_windows([earlier, group, {**group, "group": "a", "oldest_unacked_age_s": None}], "minute")
-    out = tf.summary([topic], [], "x", last, "minute")
+    last = sm.last_windows([earlier, group, {**group, "group": "a", "oldest_unacked_age_s": None}], "minute")
+    out = sm.summary([topic], [], "x", last, "minute")
     entry = out["topics"]["t"]
     assert entry["queue_wait_ms"] == {"p50": 2.0, "p95": 2.0, "p99": 7.0}
     assert (entry["delayed"], entry["histograms"]["delay"]) == (4, [0] * 18 + [1])
@@ -450,7 +451,7 @@ def test_the_windows_table_carries_the_latency_split_and_delays() -> None:
     )
     assert (row["delayed"], row["delay_p50_ms"]) == (1, 60000.0)
     assert row["queue_wait_hist"][bisect_left(tf.HIST_BOUNDS_MS, 10000.0)] == 1
-    [total] = tf.topic_totals(tf.daily_counts([row]), found.stats)
+    [total] = sm.topic_totals(tf.daily_counts([row]), found.stats)
     assert (total["delayed"], total["processing_p50_ms"], total["latency_hist"][15]) == (1, 5000.0, 1)
 
 
@@ -473,7 +474,7 @@ def test_deliveries_per_consumer_and_window() -> None:
         ("alice", int(H), 1, 0),
         ("bob", 0, 1, 1),
     ]
-    assert tf.consumer_totals(table) == [
+    assert sm.consumer_totals(table) == [
         {"topic": "t", "group": "g", "consumer": "alice", "delivered": 2, "redelivered": 0},
         {"topic": "t", "group": "g", "consumer": "bob", "delivered": 1, "redelivered": 1},
     ]

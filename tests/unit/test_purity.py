@@ -18,10 +18,20 @@ PURE_FILES = sorted(
         *(PACKAGE / "protocol").glob("*.py"),
         *(
             PACKAGE / "cluster" / f"{name}.py"
-            for name in ("broadcasts", "codec", "config", "membership", "messages", "suspicion", "swim")
+            for name in (
+                "broadcasts",
+                "codec",
+                "config",
+                "membership",
+                "messages",
+                "suspicion",
+                "swim",
+                "swimstate",
+            )
         ),
         *(PACKAGE / "replication" / f"{name}.py" for name in ("backlog", "protocol", "session", "unapplied")),
         PACKAGE / "errors.py",
+        PACKAGE / "storage" / "events.py",
         *(PACKAGE / "config").glob("*.py"),
     ]
 )

@@ -16,13 +16,8 @@ from hypothesis import given
 
 from kapok.core import changes as ch
 from kapok.errors import StorageError
-from kapok.storage.archive import (
-    Archive,
-    archive_events,
-    encode_events,
-    list_archive_files,
-    read_archive_file,
-)
+from kapok.storage.archive import Archive, list_archive_files, read_archive_file
+from kapok.storage.events import archive_events, encode_events
 from kapok.storage.records import batch_rows, encode_payload
 from kapok.testing.clock import ManualClock
 

@@ -20,7 +20,7 @@ from kapok.config import Config, FrozenMap, MqConfig, TopicOverride
 from kapok.core import changes as ch
 from kapok.core.broker import Broker, Draft, Settle
 from kapok.core.replay import Mirror, apply, finish_recovery, state_records
-from kapok.storage.archive import Event, archive_events
+from kapok.storage.events import Event, archive_events
 from kapok.storage.records import BATCH_TYPE, batch_rows, decode_payload, encode_payload
 
 T0 = 1_700_000_000.0

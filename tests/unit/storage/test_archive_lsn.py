@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from kapok.core import changes as ch
-from kapok.storage.archive import Archive, archive_events, list_archive_files, read_archive_file
+from kapok.storage.archive import Archive, list_archive_files, read_archive_file
 from kapok.storage.archiver import _archive, position_frame, positioned
+from kapok.storage.events import archive_events
 from kapok.storage.records import FrameReader, batch_rows, encode_batch, encode_payload
 from kapok.storage.wal import WriteAheadLog
 

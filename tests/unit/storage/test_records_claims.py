@@ -13,7 +13,7 @@ import zlib
 import orjson
 
 from kapok.core import changes as ch
-from kapok.storage.archive import archive_events
+from kapok.storage.events import archive_events
 from kapok.storage.records import FrameReader, batch_rows, decode_frames, encode_batch, encode_payload
 
 T0 = 1_700_000_000.0

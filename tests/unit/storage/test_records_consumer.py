@@ -1,5 +1,5 @@
 """The consumer of a ``Delivered`` record on disk (``kapok.storage.records``) and in the
-archive (``kapok.storage.archive``), in every shape a record has had.
+archive (``kapok.storage.events``), in every shape a record has had.
 
 Rows grow by trailing fields: 6 items before claims, 8 for a claimed delivery, 9 for one
 that names its consumer. Old rows still decode (consumer ""); a delivery without a
@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from kapok.core import changes as ch
-from kapok.storage.archive import archive_events, encode_events
+from kapok.storage.events import archive_events, encode_events
 from kapok.storage.records import (
     FrameReader,
     batch_rows,
