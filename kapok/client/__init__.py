@@ -12,7 +12,8 @@ server. ``kapok.client.sync`` wraps both for code without an event loop.
 from kapok.client.backoff import backoff_delay
 from kapok.client.balance import BALANCES
 from kapok.client.base import ClientOptions, WireProtocol
-from kapok.client.consumer import Consumer, MessageHandler
+from kapok.client.consumer import Consumer
+from kapok.client.consumer_state import MessageHandler
 from kapok.client.message import Message, Processing
 from kapok.client.pool import SessionPool
 from kapok.client.producer import Balance, Producer

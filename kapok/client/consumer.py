@@ -51,71 +51,30 @@ feeds and the upkeep, and returns: nothing is flushed or awaited but each connec
 close, which is bounded (``native.CLOSE_TIMEOUT_S``; ``SESSION_CLOSE_S`` backs it up), so a
 node that stopped answering cannot hold it. It runs in a task of its own: a cancel of the
 caller (say, of a task inside ``async with Consumer(...)``) does not cut it short.
+
+The class is built in layers, one module each, every layer using only those below it:
+``kapok.client.consumer_state`` (the constructor, the state, the buffer and where failures
+go), ``kapok.client.feeds`` (the feeds, and the client's hooks that follow the cluster
+view); this module adds the public calls (``start``, ``get``, ``subscribe``, ``close``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import functools
 import inspect
-import logging
-import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Self, Unpack
+from typing import Self
 
-from kapok.client.base import ClientBase, ClientOptions
+from kapok.client.consumer_state import MessageHandler
+from kapok.client.feeds import SESSION_CLOSE_S, Feeding
 from kapok.client.message import Message
-from kapok.client.session import AckMode, NodeSession, SubSpec
 from kapok.client.stats import Status
-from kapok.client.view import Member
-from kapok.errors import (
-    AuthError,
-    BadRequestError,
-    ClientClosedError,
-    ClientError,
-    ConnectionLostError,
-    KapokError,
-    SlowConsumerError,
-    SubscriptionError,
-    UnsupportedError,
-)
-from kapok.tasks import cancel_and_wait, spawn
+from kapok.errors import ClientClosedError, ClientError, ConnectionLostError, KapokError
 
-__all__ = ["Consumer", "Message", "MessageHandler"]
-
-log = logging.getLogger("kapok.client")
-
-_FATAL = (AuthError, BadRequestError, SubscriptionError, UnsupportedError)  # retrying cannot help
-SESSION_CLOSE_S = 1.0  # the most a close waits for one connection (each bounds itself below this)
-
-# What ``subscribe`` takes: ``async def handle(message) -> None``, or a plain function.
-MessageHandler = Callable[[Message], Awaitable[None] | None]
+__all__ = ["Consumer", "Message"]
 
 
-class _Feed:
-    __slots__ = (
-        "error", "failing_since", "failures", "member", "pair", "session", "subscribed", "task", "tried",
-    )  # fmt: skip
-
-    def __init__(self, pair: str, member: Member) -> None:
-        self.pair = pair
-        self.member = member
-        self.session: NodeSession | None = None
-        self.task: asyncio.Task[None] | None = None
-        self.subscribed = False  # ``session`` holds the subscription
-        self.tried = False  # the first attempt has subscribed or failed
-        self.failures = 0  # failed attempts in a row: the backoff's exponent
-        self.failing_since: float | None = None  # when this run of failures began
-        self.error: KapokError | None = None  # the last failure
-
-    @property
-    def live(self) -> bool:
-        return self.subscribed and self.session is not None and not self.session.closed
-
-
-class Consumer(ClientBase):
+class Consumer(Feeding):
     """Consumes a topic from every active pair. Use as ``async with Consumer(seeds, topic=...)``
     and ``async for message in consumer``; ``get(timeout_s)`` takes one message;
     ``subscribe(callback)`` hands each to a callback instead.
@@ -127,42 +86,6 @@ class Consumer(ClientBase):
     attempt, ``SlowConsumerError`` and callback failure (see the module's docstring for what
     happens without it).
     """
-
-    def __init__(
-        self,
-        seeds: Sequence[str] | str,
-        *,
-        topic: str,
-        group: str | None = None,
-        key: str | None = None,
-        prefetch: int | None = None,
-        ack: AckMode = "manual",
-        weight: int | None = None,
-        max_buffered: int = 10_000,
-        max_buffered_bytes: int = 64 * 1024 * 1024,
-        **options: Unpack[ClientOptions],
-    ) -> None:
-        super().__init__(seeds, **options)
-        if ack not in ("manual", "auto"):
-            raise ValueError(f'ack must be "manual" or "auto", got {ack!r}')
-        if max_buffered < 1:
-            raise ValueError("max_buffered must be at least 1")
-        # Named in every subscription: a connection shared through a SessionPool carries
-        # the name of whichever client opened it.
-        self.spec = SubSpec(topic, group, key, prefetch, ack, weight, self.name)
-        self.max_buffered = max_buffered
-        self.max_buffered_bytes = max_buffered_bytes
-        self._feeds: dict[str, _Feed] = {}
-        self._buffer: collections.deque[Message] = collections.deque()
-        self._buffered_bytes = 0
-        self._ready = asyncio.Event()  # the buffer got messages, a problem, or the consumer closed
-        self._changed = asyncio.Event()  # a feed subscribed or failed
-        self._subscribed_once = False
-        self._fatal: KapokError | None = None  # raised by start()
-        self._problem: KapokError | None = None  # raised by the next get()
-        self._handler: MessageHandler | None = None
-        self._workers: list[asyncio.Task[None]] = []
-        self._closing: asyncio.Task[None] | None = None
 
     async def start(self) -> Self:
         """Discover the cluster and subscribe on every active pair. Returns once every feed
@@ -304,179 +227,3 @@ class Consumer(ClientBase):
         self._feeds.clear()
         await asyncio.gather(*(self._stop_feed(feed) for feed in feeds))
         await self._stop_upkeep()
-
-    # ------------------------------------------------------------ feeds
-
-    def _on_view(self) -> None:
-        if self.status is Status.CLOSED:
-            return
-        for pair, member in self.view.items():
-            feed = self._feeds.get(pair)
-            if feed is None:
-                feed = self._feeds[pair] = _Feed(pair, member)
-                feed.task = asyncio.get_running_loop().create_task(self._run_feed(feed))
-            elif not feed.member.same_node(member):
-                log.info("%s: pair %s is now served by %s", self.name, pair, member.name)
-                feed.member = member
-                if feed.session is not None:  # the feed reconnects, to the new member
-                    spawn(feed.session.close())
-        for pair in [p for p in self._feeds if p not in self.view]:
-            spawn(self._stop_feed(self._feeds.pop(pair)))
-        self._update_status()
-
-    async def _stop_feed(self, feed: _Feed) -> None:
-        await cancel_and_wait(feed.task)  # its own clean-up closes its session
-        if feed.session is not None:
-            await self._close_session(feed.session)
-
-    async def _close_session(self, session: NodeSession) -> None:
-        try:
-            async with asyncio.timeout(SESSION_CLOSE_S):
-                await session.close()
-        except TimeoutError:
-            log.info("%s: %s did not answer our close; dropped", self.name, session.member.name)
-        except Exception:  # the connection is being dropped either way
-            log.exception("%s: closing the connection to %s failed", self.name, session.member.name)
-
-    async def _run_feed(self, feed: _Feed) -> None:
-        while True:
-            member = feed.member
-            began = time.monotonic()
-            try:
-                error, held = await self._attempt(feed, member)
-            except Exception as exc:  # a bug, or an answer nobody foresaw: the feed must go on
-                log.exception("%s: the feed from %s failed", self.name, member.name)
-                error, held = ConnectionLostError(f"the feed from {member.name} failed: {exc!r}", False), None
-            feed.tried = True
-            fatal = isinstance(error, _FATAL)
-            if not fatal and not feed.member.same_node(member):
-                self._changed.set()
-                continue  # the pair moved to another member: not a failure, subscribe there now
-            now = time.monotonic()
-            if held is not None and held >= self.connect_timeout_s:
-                feed.failures, feed.failing_since = 0, now  # it worked for a while: a fresh start
-            elif feed.failing_since is None:
-                feed.failing_since = began
-            feed.error = error
-            self.stats.node(member.name).failures += 1
-            if fatal and self._fatal is None:
-                self._fatal = error
-            self._update_status()
-            self._changed.set()
-            self._report(error, in_get=fatal or self._nothing_deliverable(now))
-            if fatal:  # reported above (on_error, or raised by start() / get()): not logged twice
-                log.info("%s: feed from %s stopped: %s", self.name, member.name, error)
-                return
-            self.want_refresh()
-            delay = self.backoff(feed.failures)
-            feed.failures += 1
-            log.info("%s: %s; again in %.2f s", self.name, error, delay)
-            await asyncio.sleep(delay)
-
-    async def _attempt(self, feed: _Feed, member: Member) -> tuple[KapokError, float | None]:
-        """One connection of ``feed``, from connect to its end: why it ended, and for how many
-        seconds it held the subscription (None: it never did)."""
-        topic = self.spec.topic
-        try:
-            session = await self._connect(member)
-        except KapokError as exc:  # each names the node and the reason
-            return exc, None
-        feed.session = session
-        try:
-            try:
-                await session.subscribe(self.spec, functools.partial(self._deliver, session))
-            except ConnectionLostError as exc:
-                message = f"the subscription to {topic!r} on {member.name} failed before it was confirmed"
-                return ConnectionLostError(f"{message}: {exc}", False), None
-            except ClientError as exc:  # raised on this side (UnsupportedError): as it is
-                return exc, None
-            except KapokError as exc:  # the node's error frame
-                exc.args = (f"{member.name} refused the subscription to {topic!r}: {exc.message}",)
-                return exc, None
-            feed.subscribed = feed.tried = True
-            self._subscribed_once = True
-            self._update_status()
-            self._changed.set()
-            since = time.monotonic()
-            reason = await session.wait_closed()
-            held = time.monotonic() - since
-            message = f"the subscription to {topic!r} on {member.name} ended after {held:.2f} s: "
-            return ConnectionLostError(message + (reason or "the connection closed"), False), held
-        finally:
-            feed.subscribed = False
-            feed.session = None
-            self._forget(session)
-            await self._close_session(session)
-
-    def _nothing_deliverable(self, now: float) -> bool:
-        """No feed holds a subscription, and each has been failing for ``connect_timeout_s``."""
-        feeds = self._feeds.values()
-        return bool(feeds) and all(
-            not f.live and f.failing_since is not None and now - f.failing_since >= self.connect_timeout_s
-            for f in feeds
-        )
-
-    def _update_status(self) -> None:
-        if self.status is Status.CLOSED:
-            return
-        live = any(f.live for f in self._feeds.values())
-        self._set_status(Status.CONNECTED if live else Status.RECONNECTING)
-
-    def _tick(self, now: float) -> None:
-        self._update_status()
-
-    # ------------------------------------------------------------ the buffer
-
-    def _deliver(self, session: NodeSession, sub: int, objs: list[dict[str, Any]]) -> None:
-        msgs = [Message(obj, self, session, sub) for obj in objs]
-        node = self.stats.node(session.member.name)
-        node.received += len(msgs)
-        self.stats.received += len(msgs)
-        room = self.max_buffered - len(self._buffer)
-        fits = 0
-        size = self._buffered_bytes
-        for msg in msgs:
-            if fits >= room or (size + len(msg.data) > self.max_buffered_bytes and (fits or self._buffer)):
-                break
-            size += len(msg.data)
-            fits += 1
-        self._buffer.extend(msgs[:fits])
-        self._buffered_bytes = size
-        if fits:
-            self._ready.set()
-        if fits < len(msgs):
-            self._overflow(session, sub, msgs[fits:])
-
-    def _overflow(self, session: NodeSession, sub: int, msgs: list[Message]) -> None:
-        self.stats.dropped += len(msgs)
-        manual = self.spec.ack == "manual"
-        if manual and session.supports_nack and not session.closed:
-            session.settle("nack", sub, [m.code for m in msgs], True)
-            fate = "requeued on the node"
-        elif manual:
-            fate = "left to the node's ack timeout"
-        else:
-            fate = "dropped (auto ack)"
-        self._report(SlowConsumerError(
-            f"the consumer's buffer is full ({self.max_buffered} messages, {self.max_buffered_bytes} B): "
-            f"{len(msgs)} message(s) from {session.member.name} {fate}"
-        ))  # fmt: skip
-
-    def _report(self, exc: KapokError, *, in_get: bool = True) -> None:
-        """To ``on_error``; else, with a callback, to the log; else, if ``in_get``, to the next
-        ``get()`` (the first one waiting is kept)."""
-        if self.on_error is not None:
-            self._call(self.on_error, exc)
-        elif self._handler is not None:
-            log.warning("%s: %s", self.name, exc, exc_info=exc.__cause__)
-        elif in_get:
-            if self._problem is None:
-                self._problem = exc
-            self._ready.set()
-
-    def _forget(self, session: NodeSession) -> None:
-        """Drop what a lost connection delivered and nobody took yet: it comes again."""
-        kept = [m for m in self._buffer if m._session is not session]
-        if len(kept) != len(self._buffer):
-            self._buffer = collections.deque(kept)
-            self._buffered_bytes = sum(len(m.data) for m in kept)

@@ -23,7 +23,7 @@ from kapok.errors import ConnectionLostError, UnknownCodeError, UnsupportedError
 from kapok.protocol.native import Settle
 
 if TYPE_CHECKING:
-    from kapok.client.consumer import Consumer
+    from kapok.client.consumer_state import ConsumerState
 
 __all__ = ["Message", "Processing"]
 
@@ -52,7 +52,7 @@ class Message:
         "headers", "key", "node", "priority", "redelivered", "topic",
     )  # fmt: skip
 
-    def __init__(self, obj: dict[str, Any], consumer: Consumer, session: NodeSession, sub: int) -> None:
+    def __init__(self, obj: dict[str, Any], consumer: ConsumerState, session: NodeSession, sub: int) -> None:
         data = obj.get("data", "")
         self.code: str = obj["code"]
         self.topic: str = obj.get("topic", "")

@@ -20,7 +20,7 @@ from tests.unit.client.fakes_consumer import (
 )
 
 from kapok.client import Consumer, Message, Status
-from kapok.client.consumer import SESSION_CLOSE_S
+from kapok.client.feeds import SESSION_CLOSE_S
 from kapok.errors import (
     ClientError,
     ConnectionLostError,
