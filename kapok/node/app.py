@@ -20,8 +20,9 @@ from kapok.replication.applier import UnappliedCollector
 from kapok.replication.link import SyncLink
 from kapok.replication.node import ReplicationNode
 from kapok.server.busypoll import BusyPoll
+from kapok.server.guard.bodies import expect_handler, guard_middleware
 from kapok.server.guard.clients import Clients
-from kapok.server.guard.connections import GUARD, ConnectionGuard, expect_handler, guard_ctx, guard_middleware
+from kapok.server.guard.connections import GUARD, ConnectionGuard, guard_ctx
 from kapok.server.keys import (
     BUSY_POLL,
     CLIENTS,

@@ -21,7 +21,8 @@ from kapok.config import Config, is_loopback
 from kapok.logs import set_node
 from kapok.node.app import make_app, wind_down
 from kapok.node.seams import Seams
-from kapok.server.guard.connections import GUARD, GuardedSite, tls_context
+from kapok.server.guard.connections import GUARD
+from kapok.server.guard.listener import GuardedSite, tls_context
 from kapok.server.keys import SERVICE
 
 __all__ = ["serve"]

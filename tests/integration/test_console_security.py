@@ -22,7 +22,7 @@ from aiohttp.test_utils import TestServer
 from kapok.config import Config, load_config
 from kapok.console.session import SESSIONS
 from kapok.node.app import make_app
-from kapok.server.guard.connections import tls_context
+from kapok.server.guard.listener import tls_context
 from kapok.server.keys import CLIENTS
 from kapok.testing.clock import ManualClock
 from kapok.testing.console import ConsoleClient as Browser

@@ -1,19 +1,18 @@
-"""The node's listening socket and what guards it: connection limits, time-outs, TLS.
+"""What guards the node's connections: their limit, their time-outs, and what is counted of them.
 
 ``ConnectionGuard`` is the driver of ``ConnectionTable`` (see there for the rules):
 
-* ``GuardedSite`` accepts connections through it. Each accepted connection's aiohttp
-  protocol is wrapped by ``_Tracked``, which reports the accept and the close, so a
-  connection counts from accept (a silent socket included), never just once it has
-  become a WebSocket. A connection over the limit is answered a canned 503 and closed
-  before anything of it is read.
-* ``guard_middleware`` moves a connection between IDLE, BODY and BUSY as its requests
-  come and go; ``open_ws`` and the handshake mark WebSockets; ``trust`` marks a
-  connection that showed the key.
+* The listening socket (``kapok.server.guard.listener``) reports each connection's accept
+  and close to it, so a connection counts from accept (a silent socket included), never
+  just once it has become a WebSocket. A connection over the limit is answered a canned
+  503 and closed before anything of it is read.
+* ``guard_middleware`` (``kapok.server.guard.bodies``) moves a connection between IDLE,
+  BODY and BUSY as its requests come and go; ``open_ws`` and the handshake mark
+  WebSockets; ``trust`` marks a connection that showed the key.
 * One sweep task closes connections past their deadline, twice a second.
-* ``HttpServerLog`` replaces aiohttp's server log for this site: a request aiohttp could
-  not parse (a garbage request line, a header too long) is one rate-limited line and a
-  counter, never a traceback.
+* ``HttpServerLog`` replaces aiohttp's server log for guarded sites: a request aiohttp
+  could not parse (a garbage request line, a header too long) is one rate-limited line
+  and a counter, never a traceback.
 
 Nothing is logged per connection: each sweep writes at most one line per reason with
 how many connections it concerned, so a flood of bad connections costs a few lines a
@@ -27,7 +26,6 @@ import contextlib
 import dataclasses
 import logging
 import resource
-import ssl
 import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -36,18 +34,16 @@ from typing import Any, Final, cast
 import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.typedefs import Handler
 from aiohttp.web_protocol import RequestHandler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kapok.config import Config
-from kapok.errors import ConfigError, MessageTooLargeError
-from kapok.server.aiohttp_seam import ListeningSite, can_keep_body, check_hooks, keep_body, send_100_continue
+from kapok.server.aiohttp_seam import check_hooks
 from kapok.server.guard.conntable import Admit, ConnectionTable, ConnState, Limits
 from kapok.tasks import cancel_and_wait
 
-__all__ = ["GUARD", "ConnectionGuard", "GuardedSite", "closing", "guard_middleware", "tls_context", "trust"]
+__all__ = ["GUARD", "ConnectionGuard", "closing", "trust"]
 
 log = logging.getLogger("kapok.server")
 
@@ -255,181 +251,6 @@ def set_state(request: web.Request, state: ConnState) -> None:
     guard = request.app.get(GUARD)
     if guard is not None:
         guard.set_state(request, state)
-
-
-@web.middleware
-async def guard_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Track the connection's state; refuse a body over the limit by its Content-Length,
-    and stop reading one of unknown length (chunked) once it went over."""
-    guard = request.app.get(GUARD)
-    too_large = body_too_large(request)
-    if too_large is not None:
-        return await _refuse_body(request, too_large)
-    if guard is not None:
-        guard.set_state(request, ConnState.BUSY if request.content.is_eof() else ConnState.BODY)
-    try:
-        if _unknown_length(request):
-            # Read here, in the stream's own small steps: aiohttp's ``read`` would buffer up
-            # to twice the limit first. Kept for the handler's ``read``/``post``/``json``.
-            body = await _read_within(request)
-            if body is None:
-                return await _refuse_body(request, _over_the_limit(request))
-            keep_body(request, body)
-        response = await handler(request)
-    finally:
-        if guard is not None:
-            guard.set_state(request, ConnState.IDLE)
-    if response.status == 413 and not response.prepared and not request.content.is_eof():
-        # The body went over the limit as the handler read it (aiohttp's ``post`` of a
-        # multipart form stops at client_max_size); unanswered, aiohttp would then read the
-        # rest, up to ten seconds of it, before the client heard of the 413. Never read.
-        return await _refuse_body(request, _over_the_limit(request))
-    return response
-
-
-def _unknown_length(request: web.BaseRequest) -> bool:
-    """A body without Content-Length (chunked) that the guard reads itself (not a multipart
-    form: aiohttp's ``post`` reads those part by part, within the limit)."""
-    return (
-        request.content_length is None
-        and request.body_exists
-        and bool(request.client_max_size)
-        and request.content_type != "multipart/form-data"
-        and can_keep_body(request)
-    )
-
-
-async def _read_within(request: web.BaseRequest) -> bytes | None:
-    """The whole body, or None as soon as it goes over the limit (the rest left unread)."""
-    limit = request.client_max_size
-    chunks: list[bytes] = []
-    size = 0
-    while chunk := await request.content.readany():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _over_the_limit(request: web.BaseRequest) -> MessageTooLargeError:
-    return MessageTooLargeError(f"a request body is over this node's {request.client_max_size} bytes")
-
-
-def body_too_large(request: web.BaseRequest) -> MessageTooLargeError | None:
-    limit = request.client_max_size
-    length = request.content_length
-    if limit and length is not None and length > limit:
-        return MessageTooLargeError(f"a request body of {length} bytes is over this node's {limit}")
-    return None
-
-
-async def _refuse_body(request: web.BaseRequest, exc: MessageTooLargeError) -> web.StreamResponse:
-    """Answer 413 at once and close: the body is never read (not even to throw it away,
-    which is what aiohttp would do for up to ten seconds after an answer)."""
-    response = web.Response(
-        body=orjson.dumps({"error": exc.code, "message": exc.message}),
-        status=exc.http_status,
-        content_type="application/json",
-    )
-    response.force_close()
-    await response.prepare(request)
-    await response.write_eof()
-    request.protocol.force_close()
-    return response
-
-
-async def expect_handler(request: web.Request) -> web.StreamResponse | None:
-    """``Expect: 100-continue``: say no before the client sends a body that is too large."""
-    too_large = body_too_large(request)
-    if too_large is not None:
-        return await _refuse_body(request, too_large)
-    if request.headers.get("Expect", "").lower() != "100-continue":
-        raise web.HTTPExpectationFailed(text=f"unknown Expect: {request.headers['Expect']}")
-    if request.version >= (1, 1):
-        await send_100_continue(request)
-    return None
-
-
-# ---------------------------------------------------------------- the socket
-
-
-class _Tracked(asyncio.Protocol):
-    """aiohttp's protocol for one connection, reporting its accept and close to the guard."""
-
-    __slots__ = ("_admitted", "_guard", "_inner")
-
-    def __init__(self, guard: ConnectionGuard, inner: RequestHandler) -> None:
-        self._guard = guard
-        self._inner = inner
-        self._admitted = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport = cast("asyncio.Transport", transport)
-        if self._guard.accepted(self._inner, transport):
-            self._admitted = True
-            self._inner.connection_made(transport)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._admitted:
-            self._guard.lost(self._inner)
-            self._inner.connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        if self._admitted:
-            self._inner.data_received(data)
-
-    def eof_received(self) -> None:
-        if self._admitted:
-            self._inner.eof_received()
-
-    def pause_writing(self) -> None:
-        self._inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self._inner.resume_writing()
-
-
-class GuardedSite(ListeningSite):
-    """``SockSite`` whose connections go through a ``ConnectionGuard`` (and TLS, if set)."""
-
-    __slots__ = ("_guard", "_handshake_timeout_s")
-
-    def __init__(self, runner: web.AppRunner, sock: Any, guard: ConnectionGuard, **kwargs: Any) -> None:
-        super().__init__(runner, sock, **kwargs)
-        self._guard = guard
-
-    async def start(self) -> None:
-        await super().start()
-        self._guard.start()
-
-    def protocol_factory(self, server: web.Server) -> Callable[[], asyncio.Protocol]:
-        guard = self._guard
-
-        def factory() -> asyncio.Protocol:
-            inner = server()
-            inner.logger = cast("logging.Logger", guard.http_log)
-            return _Tracked(guard, inner)
-
-        return factory
-
-    def listen_options(self, tls: bool) -> dict[str, Any]:
-        # The TLS handshake is bounded like headers are.
-        return {"ssl_handshake_timeout": self._guard.limits.header_timeout_s} if tls else {}
-
-
-def tls_context(config: Config) -> ssl.SSLContext | None:
-    """The server's TLS context from ``server.tls_cert`` / ``server.tls_key`` (None: plain)."""
-    server = config.server
-    if not server.tls_cert:
-        return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    try:
-        context.load_cert_chain(server.tls_cert, server.tls_key)
-    except (OSError, ssl.SSLError) as exc:
-        what = f"{server.tls_cert} / {server.tls_key}"
-        raise ConfigError(f"server.tls_cert: cannot load {what}: {exc}") from None
-    return context
 
 
 async def guard_ctx(app: web.Application) -> AsyncIterator[None]:

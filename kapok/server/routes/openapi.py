@@ -1,10 +1,11 @@
 """``GET /openapi.json``: an OpenAPI 3.1 document of every HTTP route of a node.
 
-The document is written here, next to nothing else, and kept true by a test that
-compares it with the application's router (every route documented, nothing documented
-that the router does not have). Limits that are configuration (the longest long-poll
-``wait``, the batch size) are taken from the node's config, so a client generated
-from it, or a fuzzer such as schemathesis, stays within what the node accepts.
+The document is written here, from the parts in ``openapi_parts``, next to nothing else,
+and kept true by a test that compares it with the application's router (every route
+documented, nothing documented that the router does not have). Limits that are
+configuration (the longest long-poll ``wait``, the batch size) are taken from the node's
+config, so a client generated from it, or a fuzzer such as schemathesis, stays within what
+the node accepts.
 
 WebSocket routes are listed as the ``GET`` that upgrades them; their frames are in
 docs/protocol.md. The console's pages are listed as what they answer
@@ -21,105 +22,28 @@ from kapok import __version__
 from kapok.config import Config
 from kapok.protocol.native import MAX_HEADERS
 from kapok.server.keys import CONFIG
+from kapok.server.routes.openapi_parts import (
+    CODES,
+    COMPAT_ANSWER,
+    OBJ,
+    answer,
+    compat_console,
+    console_action,
+    console_api,
+    console_page,
+    errors,
+    form_body,
+    in_path,
+    json_body,
+    op,
+    query,
+    upgrade,
+)
 from kapok.server.routes.responses import json_response
 
 __all__ = ["document", "routes"]
 
 routes = web.RouteTableDef()
-
-_OBJ: dict[str, Any] = {"type": "object"}
-_ERROR = {
-    "type": "object",
-    "required": ["error", "message"],
-    "properties": {"error": {"type": "string"}, "message": {"type": "string"}},
-}
-_COMPAT_ANSWER = {
-    "type": "object",
-    "required": ["code", "msg"],
-    "properties": {"code": {"type": "integer"}, "msg": {}},
-}
-_CODES = {"type": "array", "items": {"type": "string"}, "maxItems": 10_000}
-_NAME = {"type": "string", "minLength": 1, "maxLength": 255}
-
-
-def _json(schema: dict[str, Any], text: str = "OK") -> dict[str, Any]:
-    return {"description": text, "content": {"application/json": {"schema": schema}}}
-
-
-def _errors(*statuses: int) -> dict[str, Any]:
-    return {str(s): _json(_ERROR, "An error: its machine code and a readable message") for s in statuses}
-
-
-def _form_body(*names: str, required: bool = True) -> dict[str, Any]:
-    """A urlencoded form of string fields (KapokMQ's routes, the console's login)."""
-    schema = {"type": "object", "properties": {name: {"type": "string"} for name in names}}
-    return {"required": required, "content": {"application/x-www-form-urlencoded": {"schema": schema}}}
-
-
-def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"required": True, "content": {"application/json": {"schema": schema}}}
-
-
-def _path(name: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"name": name, "in": "path", "required": True, "schema": schema or _NAME}
-
-
-def _query(name: str, schema: dict[str, Any], text: str) -> dict[str, Any]:
-    return {"name": name, "in": "query", "required": False, "schema": schema, "description": text}
-
-
-def _op(summary: str, tag: str, responses: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {"summary": summary, "tags": [tag], "responses": responses, **extra}
-
-
-def _upgrade(summary: str, tag: str, params: list[dict[str, Any]], security: list[Any]) -> dict[str, Any]:
-    return _op(
-        summary + " (WebSocket: this GET upgrades; frames in docs/protocol.md)",
-        tag,
-        {"101": {"description": "Switching Protocols"}, **_errors(400, 401, 429, 503)},
-        parameters=params,
-        security=security,
-    )
-
-
-def _compat_console(summary: str, *fields: str) -> dict[str, Any]:
-    return _op(
-        summary,
-        "kapokmq-console",
-        {"200": _json(_COMPAT_ANSWER, "KapokMQ's envelope")},
-        security=[{"secretKey": []}],
-        requestBody=_form_body(*fields, required=False),
-    )
-
-
-def _console_page(summary: str, params: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return _op(
-        summary,
-        "console",
-        {"200": {"description": "The page (HTML)"}, "302": {"description": "To the login page"}},
-        security=[{"console": []}],
-        parameters=params or [],
-    )
-
-
-def _console_api(summary: str, params: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return _op(
-        summary,
-        "console",
-        {"200": _json(_OBJ), **_errors(400, 401, 404)},
-        security=[{"console": []}],
-        parameters=params or [],
-    )
-
-
-def _console_action(summary: str) -> dict[str, Any]:
-    return _op(
-        summary,
-        "console",
-        {"303": {"description": "Done; to the page that shows it"}, **_errors(401, 403, 404)},
-        security=[{"console": []}],
-        parameters=[_path("code")],
-    )
 
 
 def document(config: Config) -> dict[str, Any]:
@@ -162,26 +86,26 @@ def document(config: Config) -> dict[str, Any]:
         "anyOf": [{"required": ["codes"]}, {"required": ["claim"]}],
         "properties": {
             "group": {"type": "string"},
-            "codes": _CODES,
+            "codes": CODES,
             "claim": claim,
             "requeue": {"type": "boolean"},
         },
     }
     bearer: list[dict[str, list[str]]] = [{"bearer": []}]
     v1 = "native"
-    topic = _path("topic")
-    code = _path("code")
-    code_query = _query("code", {"type": "string"}, "a message code or its first digits")
+    topic = in_path("topic")
+    code = in_path("code")
+    code_query = query("code", {"type": "string"}, "a message code or its first digits")
     paths: dict[str, dict[str, Any]] = {
-        "/openapi.json": {"get": _op("This document", "operations", {"200": _json(_OBJ)})},
-        "/health": {"get": _op("Liveness, role and version", "operations", {"200": _json(_OBJ)})},
+        "/openapi.json": {"get": op("This document", "operations", {"200": answer(OBJ)})},
+        "/health": {"get": op("Liveness, role and version", "operations", {"200": answer(OBJ)})},
         "/metrics": {
-            "get": _op(
+            "get": op(
                 "Prometheus metrics",
                 "operations",
                 {
                     "200": {"description": "Prometheus text format", "content": {"text/plain": {}}},
-                    **_errors(401, 429),
+                    **errors(401, 429),
                 },
                 description="The key (a bearer token) is needed with metrics.require_key, else optional: "
                 "scrapes without it share a pace (429 past it), scrapes with it do not wait for them.",
@@ -189,42 +113,42 @@ def document(config: Config) -> dict[str, Any]:
             )
         },
         "/cluster/nodes": {
-            "get": _op("This node's gossip view", "operations", {"200": _json({"type": "array"})})
+            "get": op("This node's gossip view", "operations", {"200": answer({"type": "array"})})
         },
         "/replication/state": {
-            "get": _op(
+            "get": op(
                 "The pair as this node sees it",
                 "replication",
-                {"200": _json(_OBJ), **_errors(401, 429)},
+                {"200": answer(OBJ), **errors(401, 429)},
                 security=bearer,
             )
         },
         "/replication/unpair": {
-            "post": _op(
+            "post": op(
                 "Forget this node's paired slave or master",
                 "replication",
-                {"200": _json(_OBJ), **_errors(401, 409, 429, 503)},
+                {"200": answer(OBJ), **errors(401, 409, 429, 503)},
                 security=bearer,
             )
         },
         "/replication/promote": {
-            "post": _op(
+            "post": op(
                 "Make this slave lead its pair (an operator's decision)",
                 "replication",
-                {"200": _json(_OBJ), **_errors(401, 409, 429)},
+                {"200": answer(OBJ), **errors(401, 409, 429)},
                 security=bearer,
                 parameters=[
-                    _query("force", {"type": "string", "enum": ["true", "false"]}, "even if not in sync")
+                    query("force", {"type": "string", "enum": ["true", "false"]}, "even if not in sync")
                 ],
             )
         },
-        "/sync/v1": {"get": _upgrade("A slave's replication link", "replication", [], bearer)},
+        "/sync/v1": {"get": upgrade("A slave's replication link", "replication", [], bearer)},
         "/v1/ws": {
-            "get": _upgrade(
+            "get": upgrade(
                 "The native protocol",
                 v1,
                 [
-                    _query(
+                    query(
                         "client",
                         {"type": "string", "maxLength": 255},
                         "a name for the console, and its subscriptions' consumer name unless `sub` gives one",
@@ -234,26 +158,26 @@ def document(config: Config) -> dict[str, Any]:
             )
         },
         "/v1/topics": {
-            "get": _op(
-                "Every topic with its groups", v1, {"200": _json(_OBJ), **_errors(401, 429)}, security=bearer
+            "get": op(
+                "Every topic with its groups", v1, {"200": answer(OBJ), **errors(401, 429)}, security=bearer
             )
         },
         "/v1/topics/{topic}": {
-            "get": _op(
+            "get": op(
                 "One topic",
                 v1,
-                {"200": _json(_OBJ), **_errors(401, 404, 429)},
+                {"200": answer(OBJ), **errors(401, 404, 429)},
                 parameters=[topic],
                 security=bearer,
             )
         },
         "/v1/topics/{topic}/messages": {
-            "post": _op(
+            "post": op(
                 "Publish one message or a batch; answers once durable",
                 v1,
                 {
-                    "200": _json({"type": "object", "properties": {"codes": _CODES}}),
-                    **_errors(400, 401, 409, 413, 429, 503, 507),
+                    "200": answer({"type": "object", "properties": {"codes": CODES}}),
+                    **errors(400, 401, 409, 413, 429, 503, 507),
                 },
                 parameters=[
                     topic,
@@ -264,28 +188,28 @@ def document(config: Config) -> dict[str, Any]:
                         "schema": {"type": "string", "maxLength": 255},
                     },
                 ],
-                requestBody=_json_body(publish_body),
+                requestBody=json_body(publish_body),
                 security=bearer,
             ),
-            "get": _op(
+            "get": op(
                 "Pull (lease) messages, waiting up to `wait` seconds",
                 v1,
                 {
-                    "200": _json({"type": "object", "properties": {"messages": {"type": "array"}}}),
-                    **_errors(400, 401, 404, 429, 503),
+                    "200": answer({"type": "object", "properties": {"messages": {"type": "array"}}}),
+                    **errors(400, 401, 404, 429, 503),
                 },
                 parameters=[
                     topic,
-                    _query("group", {"type": "string", "maxLength": 255}, "a durable group"),
-                    _query("max", {"type": "integer", "minimum": 1, "maximum": 1000}, "messages at most"),
-                    _query(
+                    query("group", {"type": "string", "maxLength": 255}, "a durable group"),
+                    query("max", {"type": "integer", "minimum": 1, "maximum": 1000}, "messages at most"),
+                    query(
                         "wait",
                         {"type": "number", "minimum": 0, "maximum": config.server.long_poll_max_s},
                         "long-poll seconds",
                     ),
-                    _query("lease_s", {"type": "number", "minimum": 0.001, "maximum": 86400}, "lease length"),
-                    _query("claim", claim, "a name for the lease: fetches again what it holds in flight"),
-                    _query(
+                    query("lease_s", {"type": "number", "minimum": 0.001, "maximum": 86400}, "lease length"),
+                    query("claim", claim, "a name for the lease: fetches again what it holds in flight"),
+                    query(
                         "start",
                         {"type": "string", "enum": ["latest", "earliest"]},
                         "where a group this pull makes begins",
@@ -302,93 +226,93 @@ def document(config: Config) -> dict[str, Any]:
             ),
         },
         "/v1/topics/{topic}/ack": {
-            "post": _op(
+            "post": op(
                 "Settle leased messages as consumed",
                 v1,
-                {"200": _json(_OBJ), **_errors(400, 401, 404, 429, 503)},
+                {"200": answer(OBJ), **errors(400, 401, 404, 429, 503)},
                 parameters=[topic],
-                requestBody=_json_body(settle),
+                requestBody=json_body(settle),
                 security=bearer,
             )
         },
         "/v1/topics/{topic}/nack": {
-            "post": _op(
+            "post": op(
                 "Give leased messages back (or dead-letter them)",
                 v1,
-                {"200": _json(_OBJ), **_errors(400, 401, 404, 429, 503)},
+                {"200": answer(OBJ), **errors(400, 401, 404, 429, 503)},
                 parameters=[topic],
-                requestBody=_json_body(settle),
+                requestBody=json_body(settle),
                 security=bearer,
             )
         },
         "/v1/messages/{code}": {
-            "get": _op(
+            "get": op(
                 "A message and its state per group",
                 v1,
-                {"200": _json(_OBJ), **_errors(401, 404, 429)},
+                {"200": answer(OBJ), **errors(401, 404, 429)},
                 parameters=[code],
                 security=bearer,
             ),
-            "delete": _op(
+            "delete": op(
                 "Delete a message everywhere",
                 v1,
-                {"200": _json(_OBJ), **_errors(400, 401, 404, 429, 503)},
+                {"200": answer(OBJ), **errors(400, 401, 404, 429, 503)},
                 parameters=[code],
                 security=bearer,
             ),
         },
         "/v1/messages/{code}/requeue": {
-            "post": _op(
+            "post": op(
                 "Publish a dead letter again to its original topic",
                 v1,
-                {"200": _json(_OBJ), **_errors(400, 401, 404, 409, 429, 503, 507)},
+                {"200": answer(OBJ), **errors(400, 401, 404, 409, 429, 503, 507)},
                 parameters=[code],
                 security=bearer,
             )
         },
         "/Producers/Conn/{topic}/{producer_id}": {
-            "get": _upgrade("KapokMQ producer (key in-band)", "kapokmq", [topic, _path("producer_id")], [])
+            "get": upgrade("KapokMQ producer (key in-band)", "kapokmq", [topic, in_path("producer_id")], [])
         },
         "/Consumers/Conn/{topic}/{consumer_id}": {
-            "get": _upgrade("KapokMQ consumer (key in-band)", "kapokmq", [topic, _path("consumer_id")], [])
+            "get": upgrade("KapokMQ consumer (key in-band)", "kapokmq", [topic, in_path("consumer_id")], [])
         },
         "/Producer/Send": {
-            "post": _op(
+            "post": op(
                 "KapokMQ HTTP publish",
                 "kapokmq",
-                {"200": _json(_COMPAT_ANSWER, "KapokMQ's envelope")},
+                {"200": answer(COMPAT_ANSWER, "KapokMQ's envelope")},
                 security=[{"secretKey": []}],
-                requestBody=_form_body("messageData", "topic", "delayTime"),
+                requestBody=form_body("messageData", "topic", "delayTime"),
             )
         },
         "/Registry/GetNodes": {
-            "post": _op(
-                "Live masters, in the KapokMQ registry's shape", "kapokmq", {"200": _json({"type": "array"})}
+            "post": op(
+                "Live masters, in the KapokMQ registry's shape", "kapokmq", {"200": answer({"type": "array"})}
             )
         },
-        "/Console/Ping": {"post": _compat_console("KapokMQ console: ping")},
-        "/Console/GetClients": {"post": _compat_console("KapokMQ console: connected clients")},
-        "/Console/GetConfig": {"post": _compat_console("KapokMQ console: configuration")},
-        "/Console/GetNodes": {"post": _compat_console("KapokMQ console: live members")},
+        "/Console/Ping": {"post": compat_console("KapokMQ console: ping")},
+        "/Console/GetClients": {"post": compat_console("KapokMQ console: connected clients")},
+        "/Console/GetConfig": {"post": compat_console("KapokMQ console: configuration")},
+        "/Console/GetNodes": {"post": compat_console("KapokMQ console: live members")},
         "/Console/GetMessageList": {
-            "post": _compat_console(
+            "post": compat_console(
                 "KapokMQ console: messages by filter, paged",
                 *("topic", "status", "startTime", "endTime", "page", "pageSize"),
             )
         },
-        "/Console/GetMessage": {"post": _compat_console("KapokMQ console: one message", "messageCode")},
-        "/Console/DelMessage": {"post": _compat_console("KapokMQ console: delete", "messageCode")},
-        "/Console/CountMessage": {"post": _compat_console("KapokMQ console: counts by status")},
-        "/": {"get": _console_page("The console (to its overview, or the login page)")},
-        "/console": {"get": _console_page("The console")},
-        "/console/": {"get": _console_page("The console")},
+        "/Console/GetMessage": {"post": compat_console("KapokMQ console: one message", "messageCode")},
+        "/Console/DelMessage": {"post": compat_console("KapokMQ console: delete", "messageCode")},
+        "/Console/CountMessage": {"post": compat_console("KapokMQ console: counts by status")},
+        "/": {"get": console_page("The console (to its overview, or the login page)")},
+        "/console": {"get": console_page("The console")},
+        "/console/": {"get": console_page("The console")},
         "/console/login": {
-            "get": _op(
+            "get": op(
                 "The login form",
                 "console",
                 {"200": {"description": "The page (HTML)"}, "302": {"description": "Already logged in"}},
             ),
-            "post": _op(
+            "post": op(
                 "Log in with the secret key",
                 "console",
                 {
@@ -397,41 +321,41 @@ def document(config: Config) -> dict[str, Any]:
                     "403": {"description": "The form expired"},
                     "429": {"description": "Too many wrong keys"},
                 },
-                requestBody=_form_body("key", "login_token", "next"),
+                requestBody=form_body("key", "login_token", "next"),
             ),
         },
         "/console/logout": {
-            "post": _op(
+            "post": op(
                 "Log out",
                 "console",
-                {"303": {"description": "Logged out"}, **_errors(401, 403)},
+                {"303": {"description": "Logged out"}, **errors(401, 403)},
                 security=[{"console": []}],
             )
         },
-        "/console/overview": {"get": _console_page("Overview page")},
-        "/console/cluster": {"get": _console_page("Cluster page")},
-        "/console/topics": {"get": _console_page("Topics page")},
-        "/console/clients": {"get": _console_page("Clients page")},
-        "/console/analytics": {"get": _console_page("Analytics page")},
-        "/console/messages": {"get": _console_page("Message search page", [code_query])},
-        "/console/messages/{code}": {"get": _console_page("One message", [code])},
-        "/console/messages/{code}/delete": {"post": _console_action("Delete a message")},
-        "/console/messages/{code}/requeue": {"post": _console_action("Requeue a dead letter")},
-        "/console/api/overview": {"get": _console_api("The overview's figures")},
-        "/console/api/cluster": {"get": _console_api("The cluster's members")},
-        "/console/api/topics": {"get": _console_api("Topics and groups")},
-        "/console/api/clients": {"get": _console_api("Connections and subscriptions")},
-        "/console/api/analytics": {"get": _console_api("The analytics figures")},
+        "/console/overview": {"get": console_page("Overview page")},
+        "/console/cluster": {"get": console_page("Cluster page")},
+        "/console/topics": {"get": console_page("Topics page")},
+        "/console/clients": {"get": console_page("Clients page")},
+        "/console/analytics": {"get": console_page("Analytics page")},
+        "/console/messages": {"get": console_page("Message search page", [code_query])},
+        "/console/messages/{code}": {"get": console_page("One message", [code])},
+        "/console/messages/{code}/delete": {"post": console_action("Delete a message")},
+        "/console/messages/{code}/requeue": {"post": console_action("Requeue a dead letter")},
+        "/console/api/overview": {"get": console_api("The overview's figures")},
+        "/console/api/cluster": {"get": console_api("The cluster's members")},
+        "/console/api/topics": {"get": console_api("Topics and groups")},
+        "/console/api/clients": {"get": console_api("Connections and subscriptions")},
+        "/console/api/analytics": {"get": console_api("The analytics figures")},
         "/console/api/analytics/summary": {
-            "get": _op(
+            "get": op(
                 "This node's own analytics summary (null without one), read by the other members",
                 "console",
-                {"200": _json(_OBJ), **_errors(401, 429)},
+                {"200": answer(OBJ), **errors(401, 429)},
                 security=[{"console": []}, {"bearer": []}],
             )
         },
-        "/console/api/messages": {"get": _console_api("Message search", [code_query])},
-        "/console/api/messages/{code}": {"get": _console_api("One message", [code])},
+        "/console/api/messages": {"get": console_api("Message search", [code_query])},
+        "/console/api/messages/{code}": {"get": console_api("One message", [code])},
     }
     return {
         "openapi": "3.1.0",
