@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import json
 import math
 import os
@@ -42,32 +41,29 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from kapok.bench.failover_clients import (
+    AUTH,
+    PATIENCE_S,
+    TOPIC,
+    Tally,
+    Watch,
+    confirmed_after,
+    consume,
+    produce,
+)
 from kapok.launch import NodeProcess, cluster_sets, start_node, stop_all
-from kapok.protocol.native import decode_frame, encode_pub, encode_settle, encode_sub
 from kapok.testing.pair import start_pair, state_of
 
 __all__ = ["Outcome", "failover_trial", "main"]
 
-SECRET = "test"
-AUTH = {"Authorization": f"Bearer {SECRET}"}
-TOPIC = "trial"
-BATCH = 10
-INFLIGHT = 4
 DEADLINE_S = 30.0
-# The consumer works this long per pushed frame before it acks, so a backlog of confirmed
-# but undelivered messages has built up on the master when it is killed: those must come
-# from the slave.
-WORK_S = 0.01
-# How long the producer waits for a node's answer before it tries the other one (a frozen or
-# cut-off node answers nothing); a client's publish time-out plays this part.
-PATIENCE_S = 1.0
 _ACTIVE_LINE = "now the active master"
 SCENARIOS = ("kill", "term", "kill-slave", "pause", "isolate", "busy")
 HOGS = 4  # busy: processes spinning on the CPU (two per core on a 2-core machine)
@@ -110,103 +106,6 @@ def active_at(node: NodeProcess, since: float) -> float | None:
     return times[0] if times else None
 
 
-@dataclass
-class _Tally:
-    confirmed: set[str] = field(default_factory=set)
-    seen: dict[str, int] = field(default_factory=dict)  # payload -> deliveries
-    confirmed_at: list[tuple[float, float]] = field(default_factory=list)  # (sent, confirmed), monotonic
-
-
-async def _produce(
-    http: aiohttp.ClientSession, urls: list[str], tally: _Tally, stop: asyncio.Event, rate: float = 0.0
-) -> None:
-    """Publish numbered messages with ``INFLIGHT`` batches unconfirmed to the node of the pair
-    that says it is active (as a client following the pair would), moving on when it refuses
-    or goes quiet. (It ends on ``stop``, not on a cancel: aiohttp's receive with a timeout
-    may turn a cancel into a timeout.)"""
-    counter = itertools.count()
-    probe = aiohttp.ClientTimeout(total=0.25)
-    while not stop.is_set():
-        active = await asyncio.gather(*(_active(http, url, probe) for url in urls))
-        for url in (u for u, up in zip(urls, active, strict=True) if up):
-            pending: dict[int, tuple[list[str], float]] = {}
-            with contextlib.suppress(aiohttp.ClientError, ConnectionError, TimeoutError):
-                closing = aiohttp.ClientWSTimeout(ws_close=0.2)  # a stopping node may not answer a close
-                async with http.ws_connect(f"{url}/v1/ws", headers=AUTH, timeout=closing) as ws:
-                    rid = 0
-                    while not stop.is_set():
-                        while len(pending) < INFLIGHT:
-                            rid += 1
-                            payloads = [f"m{next(counter)}" for _ in range(BATCH)]
-                            pending[rid] = (payloads, time.monotonic())
-                            await ws.send_bytes(encode_pub(rid, [{"data": p} for p in payloads], TOPIC))
-                        msg = await ws.receive(timeout=PATIENCE_S)
-                        if msg.type is not aiohttp.WSMsgType.TEXT:
-                            break
-                        frame = decode_frame(msg.data)
-                        payloads, sent_at = pending.pop(frame.get("id", 0), ([], 0.0))
-                        if rate:
-                            await asyncio.sleep(BATCH / rate)
-                        if frame.get("op") == "puback":
-                            tally.confirmed.update(payloads)
-                            tally.confirmed_at.append((sent_at, time.monotonic()))
-                        elif frame.get("code") in ("not_active", "fenced"):
-                            break  # this node takes no producers: look again
-            break
-        await asyncio.sleep(0.05)
-
-
-async def _consume(http: aiohttp.ClientSession, urls: list[str], tally: _Tally, stop: asyncio.Event) -> None:
-    """Subscribe on whichever node takes consumers; ack everything; move on when it goes."""
-    while not stop.is_set():
-        for url in urls:
-            with contextlib.suppress(aiohttp.ClientError, ConnectionError, TimeoutError):
-                async with http.ws_connect(f"{url}/v1/ws", headers=AUTH) as ws:
-                    await ws.send_bytes(encode_sub(1, TOPIC, prefetch=200))
-                    while not stop.is_set():
-                        msg = await ws.receive(timeout=1.0)
-                        if msg.type is not aiohttp.WSMsgType.TEXT:
-                            break
-                        frame = decode_frame(msg.data)
-                        if frame.get("op") == "error":
-                            break
-                        if frame.get("op") != "msg":
-                            continue
-                        for m in frame["msgs"]:
-                            tally.seen[m["data"]] = tally.seen.get(m["data"], 0) + 1
-                        await asyncio.sleep(WORK_S)
-                        codes = [m["code"] for m in frame["msgs"]]
-                        await ws.send_bytes(encode_settle("ack", frame["sub"], codes))
-        await asyncio.sleep(0.05)
-
-
-def _confirmed_after(tally: _Tally, since: float) -> list[float]:
-    return [confirmed for sent, confirmed in tally.confirmed_at if sent > since]
-
-
-@dataclass
-class _Watch:
-    """Every 50 ms, each node's ``/health``: how often both were active, the longest stretch
-    with neither."""
-
-    both_active: int = 0
-    no_active_s: float = 0.0
-    _none_since: float | None = None
-
-    async def run(self, http: aiohttp.ClientSession, urls: list[str], stop: asyncio.Event) -> None:
-        timeout = aiohttp.ClientTimeout(total=0.5)
-        while not stop.is_set():
-            polled = await asyncio.gather(*(_active(http, url, timeout) for url in urls))
-            now = time.monotonic()
-            self.both_active += sum(polled) > 1
-            if any(polled):
-                self._none_since = None
-            else:
-                self._none_since = self._none_since or now
-                self.no_active_s = max(self.no_active_s, now - self._none_since)
-            await asyncio.sleep(0.05)
-
-
 async def _drained(http: aiohttp.ClientSession, nodes: list[NodeProcess]) -> bool:
     """The pair has settled and holds nothing more for the consumer: of its running nodes one
     is active and says the topic has no live message (each one was acked), and every other
@@ -225,13 +124,6 @@ async def _drained(http: aiohttp.ClientSession, nodes: list[NodeProcess]) -> boo
         async with http.get(active[0].url + "/v1/topics", headers=AUTH, timeout=timeout) as resp:
             topics = (await resp.json())["topics"]
         return sum(int(t.get("live", 0)) for t in topics if t.get("name") == TOPIC) == 0
-    return False
-
-
-async def _active(http: aiohttp.ClientSession, url: str, timeout: aiohttp.ClientTimeout) -> bool:
-    with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError, ValueError):
-        async with http.get(url + "/health", timeout=timeout) as resp:
-            return (await resp.json()).get("active") is True
     return False
 
 
@@ -273,15 +165,15 @@ async def failover_trial(
         raise
     nodes += [master, slave]
     urls = [master.url, slave.url]
-    tally, stop, producing, watch = _Tally(), asyncio.Event(), asyncio.Event(), _Watch()
+    tally, stop, producing, watch = Tally(), asyncio.Event(), asyncio.Event(), Watch()
     seen_before: set[str] = set()
     struck_at = ended_at = math.inf
     try:
         timeout = aiohttp.ClientTimeout(total=None, connect=PATIENCE_S, sock_read=PATIENCE_S)
         async with aiohttp.ClientSession(timeout=timeout) as http:
             tasks = [
-                asyncio.create_task(_produce(http, urls, tally, producing, rate)),
-                asyncio.create_task(_consume(http, urls, tally, stop)),
+                asyncio.create_task(produce(http, urls, tally, producing, rate)),
+                asyncio.create_task(consume(http, urls, tally, stop)),
                 asyncio.create_task(watch.run(http, urls, stop)),
             ]
             deadline = time.monotonic() + DEADLINE_S
@@ -299,9 +191,9 @@ async def failover_trial(
             # cannot tell a cut from a crash): nothing to wait for.
             lone = mode == "sync" and not witness and scenario in ("kill", "kill-slave")
             give_up = time.monotonic() + (0.0 if lone else DEADLINE_S)
-            while time.monotonic() < give_up and not _confirmed_after(tally, struck_mono):  # noqa: ASYNC110
+            while time.monotonic() < give_up and not confirmed_after(tally, struck_mono):  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
-            after = _confirmed_after(tally, struck_mono)
+            after = confirmed_after(tally, struck_mono)
             out.write_gap_s = round(min(after) - struck_mono, 3) if after else None
             producing.set()
             await asyncio.wait_for(tasks.pop(0), DEADLINE_S)

@@ -1,165 +1,27 @@
 """The S1–S8 simulator scenarios of the SWIM membership, with their targets.
 
 Each scenario runs one or more seeded simulations (``simnet.Simulator``) and returns a
-``Result``: rows of *metric, measured, target, pass*. Targets are set for N = 1,000 with
-the ``lan`` profile. Where a target depends on N through the suspicion timeout (S1's
-detection times), it is written as the N = 1,000 figure minus that N's minimum suspicion
-timeout (12 s), plus the minimum at the N being run, so a reduced grid at N = 200 is held
-to the same margins.
+``Result`` (``kapok.bench.gossip_harness``): rows of *metric, measured, target, pass*.
+Targets are set for N = 1,000 with the ``lan`` profile. Where a target depends on N
+through the suspicion timeout (S1's detection times), it is written as the N = 1,000
+figure minus that N's minimum suspicion timeout (12 s), plus the minimum at the N being
+run, so a reduced grid at N = 200 is held to the same margins.
 """
 
 from __future__ import annotations
 
-import gc
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 
-from kapok.cluster.config import SwimConfig
-from kapok.cluster.messages import MemberChanged, State
+from kapok.bench.gossip_harness import ALIVE, DEAD, Params, Recorder, Result, detect, formed, pct
 from kapok.cluster.suspicion import push_pull_scale, suspicion_min_s
-from kapok.testing.simnet import Network, SimNode, Simulator
+from kapok.testing.simnet import SimNode, Simulator
 
-__all__ = ["SCENARIOS", "Check", "Params", "Result", "s8_determinism"]
-
-ALIVE, SUSPECT, DEAD = State.ALIVE, State.SUSPECT, State.DEAD
-
-
-@dataclass(frozen=True, slots=True)
-class Params:
-    n: int = 1000
-    seeds: int = 5
-    first_seed: int = 1
-    config: SwimConfig = field(default_factory=SwimConfig)
-    duration_s: float = 600.0  # S4's quiescent run and S8's speed run
-    quick: bool = False  # fewer arms (one loss level, one slow fraction) for test grids
-    tcp_rto: bool = False  # streams pay Linux's TCP retransmission timeouts for lost segments
-
-    def net(self, loss: float = 0.0) -> Network:
-        return Network(loss=loss).with_linux_rto() if self.tcp_rto else Network(loss=loss)
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    metric: str
-    measured: str
-    target: str
-    ok: bool | None  # None: reported, no target
-
-
-@dataclass(slots=True)
-class Result:
-    scenario: str
-    title: str
-    checks: list[Check] = field(default_factory=list)
-    wall_s: float = 0.0
-
-    def add(self, metric: str, measured: str, target: str = "", ok: bool | None = None) -> None:
-        self.checks.append(Check(metric, measured, target, ok))
-
-    @property
-    def ok(self) -> bool:
-        return all(c.ok is not False for c in self.checks)
-
-
-def pct(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile; NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
-
-
-class Recorder:
-    """Watches every ``MemberChanged`` of a simulation and keeps the figures the targets need."""
-
-    def __init__(self, sim: Simulator, watch: Sequence[str] = ()) -> None:
-        self.sim = sim
-        self.watch = set(watch)
-        self.seen_dead: dict[str, dict[int, float]] = {w: {} for w in watch}
-        self.seen_alive: dict[str, dict[int, float]] = {w: {} for w in watch}
-        self.false_deaths: list[tuple[float, str, str]] = []
-        self.false_suspicions = 0  # observer rows turned suspect while the member was up
-        self.accusations: set[tuple[str, int]] = set()  # distinct (member, incarnation) suspected
-        self.alive_view: dict[int, int] = {}
-        self.full_at_size = 0
-        self.full = 0
-        sim.observers.append(self)
-
-    def __call__(self, node: SimNode, e: MemberChanged, now: float) -> None:
-        if e.name == node.name:
-            return
-        if e.name in self.watch:
-            if e.state is DEAD:
-                self.seen_dead[e.name].setdefault(node.index, now)
-            elif e.state is ALIVE:
-                self.seen_alive[e.name].setdefault(node.index, now)
-        if (e.state is DEAD or e.state is SUSPECT) and e.state is not e.previous:
-            target = self.sim.by_name.get(e.name)
-            if target is not None and target.up:
-                if e.state is DEAD:
-                    self.false_deaths.append((now, node.name, e.name))
-                else:
-                    self.false_suspicions += 1
-                    self.accusations.add((e.name, e.incarnation))
-        delta = (e.state is ALIVE) - (e.previous is ALIVE)
-        if delta and self.full_at_size:
-            before = self.alive_view.get(node.index, 0)
-            self.alive_view[node.index] = before + delta
-            goal = self.full_at_size - 1
-            self.full += (before + delta == goal) - (before == goal)
-
-    def track_full_view(self, size: int) -> None:
-        """Count nodes that see ``size − 1`` others alive (call before the changes happen)."""
-        self.full_at_size = size
-        self.alive_view = {
-            n.index: sum(1 for s in n.swim.members() if s.state is ALIVE) - 1 for n in self.sim.nodes
-        }
-        self.full = sum(1 for v in self.alive_view.values() if v == size - 1)
-
-
-def _formed(
-    p: Params, seed: int, net: Network, n: int | None = None, cfg: SwimConfig | None = None
-) -> Simulator:
-    """A simulator whose ``n`` nodes (default ``p.n``) all know each other alive."""
-    # The previous run's simulator was frozen: release it before building the next one.
-    gc.unfreeze()
-    gc.collect()
-    sim = Simulator(cfg or p.config, seed, net)
-    nodes = [sim.add_node() for _ in range(p.n if n is None else n)]
-    sim.bootstrap(nodes)
-    gc.collect()
-    gc.freeze()  # a million long-lived rows: keep them out of every later collection
-    return sim
-
-
-def _detect(
-    p: Params, seed: int, net: Network, cfg: SwimConfig, slow: float = 0.0, horizon: float = 120.0
-) -> tuple[list[float], int, int, int]:
-    """Crash one node of a formed cluster: per-observer detection times, observers that never
-    detected it, false deaths, and distinct false accusations."""
-    sim = _formed(p, seed, net, cfg=cfg)
-    rng = random.Random(seed * 7919)
-    normal = list(sim.nodes)
-    if slow:
-        for node in rng.sample(sim.nodes, max(1, round(slow * len(sim.nodes)))):
-            node.slow = True
-        normal = [nd for nd in sim.nodes if not nd.slow]
-    victim = rng.choice(normal)
-    rec = Recorder(sim, [victim.name])
-    t_crash = (30.0 if slow else 5.0) + rng.random()
-    sim.at(t_crash, lambda: sim.crash(victim))
-    seen = rec.seen_dead[victim.name]
-    live = len(sim.nodes) - 1
-    sim.run_until(t_crash + horizon, stop=lambda: len(seen) >= live and sim.now > t_crash)
-    times = [t - t_crash for t in seen.values()]
-    return times, live - len(seen), len(rec.false_deaths), len(rec.accusations)
-
-
-# ---------------------------------------------------------------- scenarios
+__all__ = ["SCENARIOS", "s8_determinism"]
 
 
 def s1(p: Params) -> Result:
@@ -168,7 +30,7 @@ def s1(p: Params) -> Result:
     times: list[float] = []
     undetected = false = 0
     for seed in range(p.first_seed, p.first_seed + p.seeds):
-        t, u, f, _ = _detect(p, seed, net, p.config)
+        t, u, f, _ = detect(p, seed, net, p.config)
         times += t
         undetected += u
         false += f
@@ -182,7 +44,7 @@ def s1(p: Params) -> Result:
 
 
 def _join_once(p: Params, seed: int, loss: float, horizon: float) -> list[float]:
-    sim = _formed(p, seed, p.net(loss), n=p.n - 1)
+    sim = formed(p, seed, p.net(loss), n=p.n - 1)
     newcomer = sim.add_node()
     seed_node = sim.nodes[random.Random(seed).randrange(p.n - 1)]
     rec = Recorder(sim, [newcomer.name])
@@ -220,7 +82,7 @@ def s2(p: Params) -> Result:
 
 
 def _formation_once(p: Params, seed: int) -> float:
-    sim = _formed(p, seed, p.net(0.01), n=0)
+    sim = formed(p, seed, p.net(0.01), n=0)
     nodes = [sim.add_node() for _ in range(p.n)]
     rec = Recorder(sim)
     rec.track_full_view(p.n)
@@ -254,7 +116,7 @@ def s4(p: Params) -> Result:
     for loss in arms:
         deaths = suspicions = accusations = unrefuted = stream_pings = 0
         for seed in range(p.first_seed, p.first_seed + p.seeds):
-            sim = _formed(p, seed, p.net(loss))
+            sim = formed(p, seed, p.net(loss))
             rec = Recorder(sim)
             sim.run_until(p.duration_s)
             deaths += len(rec.false_deaths)
@@ -286,7 +148,7 @@ def s5(p: Params) -> Result:
             times: list[float] = []
             runs_with_death = deaths = accusations = 0
             for seed in range(p.first_seed, p.first_seed + p.seeds):
-                t, _, f, a = _detect(p, seed, net, cfg, slow=frac, horizon=90.0)
+                t, _, f, a = detect(p, seed, net, cfg, slow=frac, horizon=90.0)
                 times += t
                 deaths += f
                 runs_with_death += f > 0
@@ -309,7 +171,7 @@ def s5(p: Params) -> Result:
 def _partition_once(p: Params, seed: int, pp: float) -> tuple[float, float, float, int]:
     """Shares of cross-partition rows suspect-or-dead and dead at heal, time to full view
     after heal, rows stuck dead."""
-    sim = _formed(p, seed, p.net(0.01))
+    sim = formed(p, seed, p.net(0.01))
     rec = Recorder(sim)
     side = {nd.index: nd.index % 2 for nd in sim.nodes}
     t_split, t_heal = 5.0, 35.0
@@ -359,7 +221,7 @@ def s6(p: Params) -> Result:
 
 
 def _load(p: Params, n: int, seed: int) -> tuple[float, float, float, int]:
-    sim = _formed(p, seed, p.net(), n=n)
+    sim = formed(p, seed, p.net(), n=n)
     # The window spans a whole push-pull period, so stream traffic is measured too.
     warm, window = 60.0, max(60.0, push_pull_scale(p.config.push_pull_interval_s, n))
     sim.run_until(warm)
@@ -416,7 +278,7 @@ def s8_determinism(p: Params) -> Result:
 def s8(p: Params) -> Result:
     r = s8_determinism(p)
     t0 = time.perf_counter()
-    sim = _formed(p, p.first_seed, p.net())
+    sim = formed(p, p.first_seed, p.net())
     sim.run_until(p.duration_s)
     wall = time.perf_counter() - t0
     limit = 60.0 * p.duration_s / 600.0
@@ -427,7 +289,7 @@ def s8(p: Params) -> Result:
         wall <= limit,
     )
     t0 = time.perf_counter()
-    _detect(p, p.first_seed, p.net(0.01), p.config, horizon=120.0)
+    detect(p, p.first_seed, p.net(0.01), p.config, horizon=120.0)
     wall = time.perf_counter() - t0
     r.add(f"wall, S1 at N={p.n} (s)", f"{wall:.1f}", "≤ 30", wall <= 30.0)
     return r

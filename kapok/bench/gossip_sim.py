@@ -16,7 +16,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-from kapok.bench.gossip_scenarios import SCENARIOS, Params, Result
+from kapok.bench.gossip_harness import Params, Result
+from kapok.bench.gossip_scenarios import SCENARIOS
 from kapok.cluster.config import PROFILES, SwimConfig
 
 __all__ = ["format_table", "main", "run"]

@@ -24,16 +24,9 @@ from typing import Any
 
 import aiohttp
 
-from kapok.bench.clients import (
-    CompatConsumer,
-    CompatProducer,
-    Consumer,
-    Gauge,
-    NativeConsumer,
-    NativeProducer,
-    Producer,
-    Tally,
-)
+from kapok.bench.clients import Consumer, Gauge, Producer, Tally
+from kapok.bench.consumers import CompatConsumer, NativeConsumer
+from kapok.bench.producers import CompatProducer, NativeProducer
 from kapok.bench.report import percentiles
 
 __all__ = ["RoleSpec", "child_main"]

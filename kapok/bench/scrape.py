@@ -27,9 +27,10 @@ from typing import Any
 
 import aiohttp
 
-from kapok.bench.clients import BenchError, CompatProducer, NativeProducer, Producer
+from kapok.bench.clients import BenchError, Producer
 from kapok.bench.harness import CaseFailed, Harness
 from kapok.bench.nodes import Node
+from kapok.bench.producers import CompatProducer, NativeProducer
 from kapok.bench.report import Row, percentiles
 from kapok.bench.roles import _loop_factory
 from kapok.protocol.native import decode_frame, encode_pub

@@ -22,9 +22,10 @@ go past that is reset and counted in ``overflows``, as a kernel gives up on a pe
 never acknowledges. When bytes wait only because the receiving side reads slowly, the
 proxy stops reading instead (backpressure), so ``pass`` never overflows.
 
-``FaultProxy`` lives on the caller's event loop; ``ThreadedFaultProxy`` runs one on an event
-loop of its own, in a daemon thread, for synchronous tests that drive ``kapok serve``
-processes. Resets are real TCP resets (``SO_LINGER`` 0), so peers see ``ECONNRESET``.
+``FaultProxy`` lives on the caller's event loop; ``ThreadedFaultProxy``
+(``kapok.testing.threadedproxy``) runs one on an event loop of its own, in a daemon thread,
+for synchronous tests that drive ``kapok serve`` processes. Resets are real TCP resets
+(``SO_LINGER`` 0), so peers see ``ECONNRESET``.
 """
 
 from __future__ import annotations
@@ -35,16 +36,11 @@ import dataclasses
 import enum
 import socket
 import struct
-import threading
 from collections import deque
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
 
 from kapok.testing.slow import scaled
 
-__all__ = ["Direction", "FaultProxy", "Mode", "ProxyCounts", "ThreadedFaultProxy"]
-
-T = TypeVar("T")
+__all__ = ["Direction", "FaultProxy", "Mode", "ProxyCounts"]
 
 MODES = ("pass", "cut", "delay", "one_way", "flap", "refuse", "reset")
 _CHUNK = 64 * 1024  # bytes asked for per read
@@ -373,80 +369,3 @@ class FaultProxy:
                 else:
                     _rst(writer)
             await asyncio.gather(*tasks, return_exceptions=True)
-
-
-class ThreadedFaultProxy:
-    """A ``FaultProxy`` on its own event loop in a daemon thread, for synchronous code.
-
-    Started by the constructor (so ``port`` and ``url`` are known at once); ``close()`` or
-    the ``with`` block's end stops it. Every method waits until the proxy's loop has done
-    it, so after ``set_mode("cut")`` returns no further byte is forwarded.
-    """
-
-    def __init__(self, target_host: str, target_port: int, *, max_held_bytes: int = 64 * 1024 * 1024) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="fault-proxy", daemon=True)
-        self._thread.start()
-        self._closed = False
-        try:
-            self.proxy = self._call(
-                lambda: FaultProxy(target_host, target_port, max_held_bytes=max_held_bytes)
-            )
-            self._run(self.proxy.start)
-        except BaseException:
-            self._stop_loop()
-            raise
-
-    @property
-    def port(self) -> int:
-        return self.proxy.port
-
-    @property
-    def url(self) -> str:
-        return self.proxy.url
-
-    @property
-    def mode(self) -> Mode:
-        return self.proxy.mode
-
-    def set_mode(
-        self, mode: str, *, ms: float = 0.0, direction: Direction | str | None = None, period_ms: float = 0.0
-    ) -> Mode:
-        return self._call(lambda: self.proxy.set_mode(mode, ms=ms, direction=direction, period_ms=period_ms))
-
-    def reset(self) -> int:
-        return self._call(self.proxy.reset)
-
-    def is_open(self, direction: Direction | str) -> bool:
-        return self._call(lambda: self.proxy.is_open(direction))
-
-    def counts(self) -> ProxyCounts:
-        return self._call(self.proxy.counts)
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            try:
-                self._run(self.proxy.aclose)
-            finally:
-                self._stop_loop()
-
-    def __enter__(self) -> ThreadedFaultProxy:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _call(self, fn: Callable[[], T]) -> T:
-        async def on_loop() -> T:
-            return fn()
-
-        return asyncio.run_coroutine_threadsafe(on_loop(), self._loop).result(10.0)
-
-    def _run(self, fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
-        return asyncio.run_coroutine_threadsafe(fn(), self._loop).result(10.0)
-
-    def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10.0)
-        self._loop.close()

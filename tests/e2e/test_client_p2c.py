@@ -32,8 +32,8 @@ from tests.chisquare import chi_square_uniform_p
 from kapok.client import Producer
 from kapok.launch import NodeProcess, nodes_view, start_node, stop_all, wait_for
 from kapok.local_cluster import NodePlan, plan_cluster
-from kapok.testing.faultproxy import ThreadedFaultProxy
 from kapok.testing.slow import scaled
+from kapok.testing.threadedproxy import ThreadedFaultProxy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(180)]
 

@@ -31,11 +31,11 @@ import pytest
 
 from kapok.bench.failover import failover_trial
 from kapok.launch import NodeProcess, cluster_sets, get_json, start_node, stop_all, wait_for
-from kapok.testing.faultproxy import ThreadedFaultProxy
 from kapok.testing.history import HealthWatcher, History
 from kapok.testing.nodehttp import drain, metric, publish
 from kapok.testing.pair import state_of
 from kapok.testing.slow import scaled
+from kapok.testing.threadedproxy import ThreadedFaultProxy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -24,9 +24,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from kapok.testing import eventually
-from kapok.testing.faultproxy import Direction, FaultProxy, ThreadedFaultProxy
+from kapok.testing.faultproxy import Direction, FaultProxy
 from kapok.testing.history import HealthWatcher
 from kapok.testing.slow import scaled
+from kapok.testing.threadedproxy import ThreadedFaultProxy
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from kapok.bench.gossip_scenarios import SCENARIOS, Params, Result, s8_determinism
+from kapok.bench.gossip_harness import Params, Result
+from kapok.bench.gossip_scenarios import SCENARIOS, s8_determinism
 from kapok.bench.gossip_sim import format_table, main
 
 N = 200
