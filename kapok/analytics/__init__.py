@@ -10,7 +10,8 @@
 * ``job``: input → engine (in Spark's tasks) → transforms → Parquet and ``summary.json``;
 * ``command``: ``kapok analytics`` (progress, ``--watch``);
 * ``stream``: ``spark.readStream.format("kapok")``, a Kapok topic as a Spark stream;
-* ``bench``: ``python -m kapok.analytics.bench --events N``.
+* ``bench``: ``python -m kapok.analytics.bench --events N``; ``proctree``, what it
+  measures of the job's process tree (memory and CPU, from /proc).
 
 PySpark (with pyarrow, numpy, pandas) is an optional extra
 (``pip install 'kapok[analytics]'``): nothing outside this package imports it, and this

@@ -13,7 +13,7 @@ A benchmark, not a test: it prints figures and asserts nothing about speed.
    ``kapok.analytics.classcache``: without one yet, a run over 10,000 events, not
    measured, first dumps it, as a user's first run that reads files does), and
    samples the resident memory of the child's whole process tree (the Python driver,
-   the JVM, Python workers) every 0.1 s from /proc.
+   the JVM, Python workers) every 0.1 s from /proc (``kapok.analytics.proctree``).
 3. Prints the wall time, the tree's CPU seconds and peak RSS, the throughput and the
    machine's load average before the run (``--json`` for JSON): on a shared machine
    the wall time follows the load, the CPU seconds much less. The JVM's CPU seconds are
@@ -42,19 +42,18 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from kapok.analytics.proctree import SAMPLE_S, Sampler
 from kapok.jsonlines import dumps_lines
 
-__all__ = ["JobRun", "main", "run_job", "run_watch", "tree_usage", "write_archive"]
+__all__ = ["JobRun", "main", "run_job", "run_watch", "write_archive"]
 
 FILE_BYTES: Final = 64 * 2**20
-SAMPLE_S: Final = 0.1
 EVENTS_PER_MESSAGE: Final = 3.1  # published, delivered, acked; 5 % retried and delivered again
 START: Final = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
@@ -129,87 +128,6 @@ def write_archive(
     return total
 
 
-def _stat(path: str) -> list[str] | None:
-    """The fields of a /proc ``stat`` file after the command name (state first), or None
-    if its process or thread has exited."""
-    try:
-        with open(path, encoding="ascii", errors="replace") as stat:
-            return stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def _cpu_s(fields: list[str]) -> float:
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
-def _tree(root: int) -> dict[int, tuple[int, float]]:
-    """``root`` and its descendants: pid → (resident bytes, CPU seconds user + system), from /proc."""
-    children: dict[int, list[int]] = {}
-    usage: dict[int, tuple[int, float]] = {}
-    page = os.sysconf("SC_PAGE_SIZE")
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or (fields := _stat(f"/proc/{entry}/stat")) is None:
-            continue
-        pid = int(entry)
-        children.setdefault(int(fields[1]), []).append(pid)  # ppid
-        usage[pid] = (int(fields[21]) * page, _cpu_s(fields))  # rss, CPU
-    tree: dict[int, tuple[int, float]] = {}
-    todo = [root]
-    while todo:
-        pid = todo.pop()
-        if pid in usage:
-            tree[pid] = usage[pid]
-        todo.extend(children.get(pid, []))
-    return tree
-
-
-def _sum(tree: dict[int, tuple[int, float]]) -> tuple[int, float]:
-    return sum(rss for rss, _ in tree.values()), sum(cpu for _, cpu in tree.values())
-
-
-def tree_usage(root: int) -> tuple[int, float]:
-    """Resident bytes and CPU seconds (user + system) of ``root`` and its descendants, from /proc."""
-    return _sum(_tree(root))
-
-
-# The JVM's threads by what they do, from the start of their names (Linux's 15 characters).
-_THREAD_ROLES: Final = (
-    ("jit", ("C1 CompilerThre", "C2 CompilerThre")),
-    ("gc", ("GC Thread", "G1 ")),
-    ("tasks", ("Executor task",)),
-)
-
-
-def jvm_threads(root: int) -> dict[str, float]:
-    """CPU seconds of the Java processes under ``root`` per thread role: ``jit`` (the JIT
-    compilers, which compile Spark's generated code as it gets hot), ``gc``, ``tasks``
-    (Spark's task threads) and ``other`` (query planning, code generation, the rest)."""
-    return _jvm_roles(_tree(root))
-
-
-def _jvm_roles(pids: Iterable[int]) -> dict[str, float]:
-    out = dict.fromkeys(("jit", "gc", "tasks", "other"), 0.0)
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as comm:
-                if comm.read().strip() != "java":
-                    continue
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/comm", encoding="utf-8", errors="replace") as comm:
-                    name = comm.read().strip()
-            except OSError:
-                continue
-            if (fields := _stat(f"/proc/{pid}/task/{tid}/stat")) is not None:
-                role = next((r for r, starts in _THREAD_ROLES if name.startswith(starts)), "other")
-                out[role] += _cpu_s(fields)
-    return out
-
-
 @dataclass(frozen=True, slots=True)
 class JobRun:
     wall_s: float
@@ -223,34 +141,11 @@ def _command(store: Path, output: Path, master: str, *extra: str) -> list[str]:
             "--master", master, *extra]  # fmt: skip
 
 
-class _Sampler:
-    """The peak RSS and the CPU seconds of a process tree, sampled every ``SAMPLE_S``."""
-
-    def __init__(self, root: int) -> None:
-        self.root, self.peak, self.cpu = root, 0, 0.0
-        self.jvm = jvm_threads(root)
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._done.wait(SAMPLE_S):
-            tree = _tree(self.root)  # one walk of /proc a sample, for both
-            rss, used = _sum(tree)
-            self.peak, self.cpu = max(self.peak, rss), max(self.cpu, used)
-            roles = _jvm_roles(tree)
-            self.jvm = {role: max(self.jvm[role], roles[role]) for role in roles}
-
-    def stop(self) -> None:
-        self._done.set()
-        self._thread.join()
-
-
 def run_job(store: Path, output: Path, master: str, *extra: str) -> JobRun:
     """Run ``kapok analytics`` on ``store`` as a child process, sampling its process tree."""
     started = time.monotonic()
     child = subprocess.Popen(_command(store, output, master, *extra), stderr=subprocess.PIPE, text=True)
-    sampler = _Sampler(child.pid)
+    sampler = Sampler(child.pid)
     _, err = child.communicate()
     took = time.monotonic() - started
     sampler.stop()
@@ -270,7 +165,7 @@ def run_watch(store: Path, output: Path, master: str, add: Callable[[], int], *e
         bufsize=1,
     )
     assert child.stderr is not None
-    sampler = _Sampler(child.pid)
+    sampler = Sampler(child.pid)
     try:
         for line in child.stderr:  # the first run
             if line.startswith("kapok analytics: next run in"):

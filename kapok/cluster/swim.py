@@ -36,7 +36,7 @@ import math
 from collections.abc import Sequence
 
 from kapok.cluster.codec import DecodeError, meta_size
-from kapok.cluster.membership import Member
+from kapok.cluster.membertable import Member
 from kapok.cluster.messages import (
     Ack,
     Alive,

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from kapok.cluster.codec import Codec, KeyRing, meta_size
 from kapok.cluster.config import SwimConfig
-from kapok.cluster.membership import Member, Membership
+from kapok.cluster.membership import Membership
+from kapok.cluster.membertable import Member
 from kapok.cluster.messages import Effect, Message, NodeMeta, NodeState, Rng, Send, SendStream
 from kapok.cluster.suspicion import retransmit_limit
 

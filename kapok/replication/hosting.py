@@ -5,7 +5,7 @@ built in layers, each using only those below it: this one, then the changes of r
 (``kapok.replication.transitions``), then the node itself (its life cycle, its watchdog
 and the operator's commands). This layer holds the node's fields, the durable pair state
 and how a change of it is saved (``_save``), the one way its role is set (``_become``),
-what the drivers of a role call back (``leader.Pair``, ``follower.Host``) and the
+what the drivers of a role call back (``leaderstate.Pair``, ``follower.Host``) and the
 service's ``gate`` and ``confirm``. None of it moves the node from one role to another:
 it is a module of its own because it is all that the drivers and the service see of a
 node, while what moves it sits above.

@@ -13,7 +13,8 @@ downgrade. The one exception is ``alone``, which only the node's state table set
 follower is gone and this node sees the cluster's majority): then a write is confirmed
 by this node's durability, and says so. A follower too slow for the backlog is cut off
 (and comes back for a full transfer); it never slows the leader down; a link silent for
-``stall_s`` is closed.
+``stall_s`` is closed. The backlog, the follower's session as it is held, its lag and the
+sync waiters are ``LeaderState``'s, in ``leaderstate.py``; ``Leader`` serves the session.
 """
 
 from __future__ import annotations
@@ -21,17 +22,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import secrets
-from collections import deque
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from kapok.clock import loop_time, wait_set
-from kapok.config import ReplicationConfig
-from kapok.core.broker import Broker
 from kapok.core.replay import state_records
-from kapok.errors import ReplicationError, ReplicationUnavailableError, ReplicationUnconfirmedError
-from kapok.replication.backlog import Backlog
+from kapok.errors import ReplicationError, ReplicationUnconfirmedError
+from kapok.replication.leaderstate import Conn, LeaderState
 from kapok.replication.link import SyncLink
 from kapok.replication.protocol import shared_end
 from kapok.replication.session import (
@@ -44,192 +41,19 @@ from kapok.replication.session import (
     control,
     parse_hello,
 )
-from kapok.replication.state import PairState
 from kapok.replication.transfer import send_transfer
 from kapok.tasks import cancel_all
 
-if TYPE_CHECKING:
-    from kapok.storage.wal import WriteAheadLog
-
-__all__ = ["Leader", "Pair"]
+__all__ = ["Leader"]
 
 log = logging.getLogger("kapok.replication")
 
 HELLO_TIMEOUT_S = 10.0
-UNPAIRED_BACKLOG_BYTES = 1024 * 1024  # see Leader.offer
 
 
-class Pair(Protocol):
-    """What the leader needs from the node it runs in (``kapok.replication.node``)."""
-
-    name: str
-    state: PairState
-
-    @property
-    def http_url(self) -> str: ...
-
-    @property
-    def broker(self) -> Broker: ...
-
-    @property
-    def wal(self) -> WriteAheadLog: ...
-
-    def now(self) -> float: ...
-
-    def record_partner(self, name: str, url: str, token: str) -> None: ...
-
-    def newer_partner(self, epoch: int) -> None: ...
-
-
-class _Conn:
-    """One follower's session as the driver holds it: the pure session, its link, and the
-    signals the node waits on."""
-
-    def __init__(self, link: SyncLink, session: LeaderSession) -> None:
-        self.link = link
-        self.state = session
-        self.promoted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self.cut = asyncio.Event()  # set to end the session from outside (fell out of the backlog)
-
-
-class Leader:
-    def __init__(
-        self,
-        cfg: ReplicationConfig,
-        pair: Pair,
-        *,
-        heartbeat_s: float,
-        stall_s: float,
-        partner_gone: bool = False,
-    ) -> None:
-        self.cfg = cfg
-        self.pair = pair
-        self.heartbeat_s = heartbeat_s
-        self.stall_s = stall_s
-        self.alone = False  # sync mode: confirm writes without the follower (the node decides)
-        self.bad_frames = 0  # sessions ended for a frame that broke the rules (a forged ack...)
-        self.backlog = Backlog(cfg.backlog_bytes, pair.wal.next_lsn)
-        self.session: _Conn | None = None
-        self.full_transfers = 0
-        self.resumes = 0
-        self.sync_timeouts = 0
-        # No follower yet. After a takeover the partner is known to be gone: a paired sync
-        # master refuses writes at once rather than accept what it cannot confirm. Otherwise
-        # (start-up, a hand-over) the slave is expected within sync_timeout_ms.
-        self.link_lost_at = -math.inf if partner_gone else loop_time()
-        self._wake = asyncio.Event()
-        self._waiters: deque[tuple[int, asyncio.Future[None], float]] = deque()
-        self._expiry: asyncio.TimerHandle | None = None
-
-    # ------------------------------------------------------------ the log
-
-    def offer(self, first_lsn: int, count: int, payload: bytes) -> None:
-        """A batch the WAL just encoded (``kapok.storage.wal.ReplicaSink``).
-
-        Until a slave has paired, the backlog keeps at most ``UNPAIRED_BACKLOG_BYTES``: a
-        node that runs alone would otherwise hold ``backlog_bytes`` (64 MiB by default) of
-        log no slave may ever read. A slave started beside its master still resumes from
-        it; one that first pairs with a master that logged more gets a full transfer."""
-        backlog = self.backlog
-        backlog.max_bytes = (
-            self.cfg.backlog_bytes
-            if self.session is not None or self.pair.state.paired
-            else min(self.cfg.backlog_bytes, UNPAIRED_BACKLOG_BYTES)
-        )
-        backlog.offer(first_lsn, count, payload, self.pair.now())
-        self._wake.set()
-        session = self.session
-        if session is not None and session.state.acked >= 0 and not self.backlog.holds(session.state.acked):
-            session.cut.set()  # it cannot resume from there: cut off, it comes back for a full transfer
-
-    @property
-    def link_up(self) -> bool:
-        return self.session is not None and not self.session.link.closed
-
-    def silent_s(self) -> float:
-        """Seconds since the follower was last heard (since the link was lost, when it is)."""
-        if self.session is None:
-            return loop_time() - self.link_lost_at
-        return loop_time() - self.session.state.last_heard
-
-    def lag(self) -> tuple[int, int, float] | None:
-        """The follower's lag: records, bytes, seconds (None without a follower)."""
-        session = self.session
-        if session is None:
-            return None
-        end, acked = self.pair.wal.next_lsn, max(session.state.acked, 0)
-        logged = self.backlog.logged_at(acked)
-        seconds = max(self.pair.now() - logged, 0.0) if logged is not None else 0.0
-        return end - acked, self.backlog.bytes_after(acked), round(seconds, 3)
-
-    def caught_up(self) -> bool:
-        return self.session is not None and self.session.state.acked == self.pair.wal.next_lsn
-
-    # ------------------------------------------------------------ sync mode
-
-    def check_writable(self) -> None:
-        """Sync mode: refuse a publish up front (nothing is stored) while the paired slave
-        has been gone too long."""
-        if self.cfg.mode != "sync" or not self.pair.state.paired or self.link_up or self.alone:
-            return
-        if self.silent_s() * 1000 >= self.cfg.sync_timeout_ms:
-            raise ReplicationUnavailableError(
-                f"sync replication: the paired slave {self.pair.state.partner} is not connected"
-            )
-
-    def confirm(self, local: asyncio.Future[None] | None) -> asyncio.Future[None] | None:
-        """What a publish's confirmation waits for: ``local`` and, in sync mode with a
-        pairing, the follower's durable ack of everything logged so far."""
-        if self.cfg.mode != "sync" or not self.pair.state.paired or self.alone:
-            return local
-        end = self.pair.wal.next_lsn
-        if self.session is not None and self.session.state.acked >= end:
-            return local
-        loop = asyncio.get_running_loop()
-        remote: asyncio.Future[None] = loop.create_future()
-        self._waiters.append((end, remote, loop.time() + self.cfg.sync_timeout_ms / 1000))
-        if self._expiry is None:
-            self._arm_expiry()
-        return remote if local is None else _both(local, remote)
-
-    def _acked(self, lsn: int) -> None:
-        waiters = self._waiters
-        while waiters and waiters[0][0] <= lsn:
-            _, future, _ = waiters.popleft()
-            if not future.done():
-                future.set_result(None)
-
-    def _arm_expiry(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._expiry = None
-        if self._waiters:
-            self._expiry = loop.call_at(self._waiters[0][2], self._expire)
-
-    def _expire(self) -> None:
-        now = asyncio.get_running_loop().time()
-        waiters = self._waiters
-        while waiters and waiters[0][2] <= now:
-            _, future, _ = waiters.popleft()
-            if not future.done():
-                self.sync_timeouts += 1
-                future.set_exception(
-                    ReplicationUnconfirmedError(
-                        f"sync replication: the slave did not confirm within {self.cfg.sync_timeout_ms} ms"
-                    )
-                )
-                future.exception()  # retrieved here: the producer is told through its reply
-        self._arm_expiry()
-
-    def release_waiters(self) -> None:
-        """Going alone: what waits for the follower is confirmed by this node's log alone."""
-        self._acked(self.pair.wal.next_lsn)
-
-    def fail_waiters(self, exc: Exception) -> None:
-        while self._waiters:
-            _, future, _ = self._waiters.popleft()
-            if not future.done():
-                future.set_exception(exc)
-                future.exception()
+class Leader(LeaderState):
+    """``LeaderState`` with the follower's session served (``serve``) and the role handed
+    over to it (``hand_over``)."""
 
     # ------------------------------------------------------------ the follower's session
 
@@ -272,7 +96,7 @@ class Leader:
         else:
             self.full_transfers += 1
             position = await self._full_transfer(link, hello.node, end, shared, start_fields)
-        conn = self.session = _Conn(
+        conn = self.session = Conn(
             link,
             LeaderSession(
                 hello.node, hello.http_url, position=position, now=loop_time(), ask_back=hello.ask_back,
@@ -315,7 +139,7 @@ class Leader:
         await send_transfer(link, state_records(self.pair.broker, self.pair.now()), lsn)
         return lsn
 
-    async def _send(self, conn: _Conn) -> None:
+    async def _send(self, conn: Conn) -> None:
         link, session = conn.link, conn.state
         while not link.closed:
             self._wake.clear()
@@ -333,7 +157,7 @@ class Leader:
             if not session.more_to_send(self.backlog):
                 await wait_set(self._wake, self.heartbeat_s)
 
-    async def _receive(self, conn: _Conn) -> None:
+    async def _receive(self, conn: Conn) -> None:
         link, session = conn.link, conn.state
         while True:
             try:
@@ -384,28 +208,6 @@ class Leader:
         self.fail_waiters(ReplicationUnconfirmedError("stored, but this node is no longer the master"))
         if self.session is not None:
             await self.session.link.close("the master is stopping")
-
-
-def _both(a: asyncio.Future[None], b: asyncio.Future[None]) -> asyncio.Future[None]:
-    """A future done when both are, failed as soon as either fails."""
-    out: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def done(_: asyncio.Future[None]) -> None:
-        if out.done():
-            return
-        for f in (a, b):
-            if f.done() and f.cancelled():
-                out.set_exception(ReplicationUnavailableError("the confirmation was cancelled"))
-                return
-            if f.done() and (exc := f.exception()) is not None:
-                out.set_exception(exc)
-                return
-        if a.done() and b.done():
-            out.set_result(None)
-
-    a.add_done_callback(done)
-    b.add_done_callback(done)
-    return out
 
 
 async def _first_done(*coroutines: Any) -> None:

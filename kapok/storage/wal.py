@@ -47,130 +47,38 @@ the log for good: the broker has applied the records already and cannot take the
 One ERROR line when the disk fills, one line when the log writes again, and ``disk_full``
 counts the times; ``aclose`` gives up the wait (what was never written was never
 acknowledged).
+
+The log's state, and its feeds to a slave's link (each batch as soon as it is encoded) and
+to the archive (the written frames, in batches), are ``WalState``'s, in
+``kapok.storage.walstate``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Final, Protocol
+from collections.abc import Sequence
+from typing import Final
 
 from kapok.clock import wait_set
 from kapok.core.changes import Change
 from kapok.errors import StorageError
 from kapok.storage.records import encode_payload
-from kapok.storage.segments import DiskFull, Encoded, SegmentFiles, free_bytes
+from kapok.storage.segments import DiskFull, Encoded, free_bytes
+from kapok.storage.walstate import Batch, WalState
 from kapok.tasks import cancel_and_wait
 
 __all__ = ["WriteAheadLog"]
 
 log = logging.getLogger("kapok.storage")
 
-# Written frames are handed to the archive in batches, at most this often or once this
-# many bytes have gathered: one wake-up of the archiver per batch, not one per WAL write.
-ARCHIVE_DELAY_S = 0.025
-ARCHIVE_BATCH_BYTES = 1024 * 1024
 # A write that found the disk full is tried again after the first delay, doubling up to
 # the cap: a freed disk is seen within a second, and a full one costs a few writes.
 FULL_RETRY_S: Final = (0.05, 1.0)
 
 
-class ReplicaSink(Protocol):
-    """Where a master's encoded batches go as soon as they are encoded (the replication
-    backlog): the same payloads the WAL writes, so a slave writes and applies exactly
-    what the master logged, under the same LSNs."""
-
-    def offer(self, first_lsn: int, count: int, payload: bytes) -> None:
-        """Take one batch of ``count`` records; never blocks."""
-        ...
-
-
-class ArchiveSink(Protocol):
-    """Where written frames go (``kapok.storage.archiver.ArchiveFeed``)."""
-
-    def feed(self, parts: list[bytes], count: int, first_lsn: int) -> None:
-        """Take ``count`` frames exactly as written, in pieces (no copy is made to join
-        them: a burst's batch can be tens of MB), their records consecutive from LSN
-        ``first_lsn``; never blocks."""
-        ...
-
-    async def drain(self) -> None:
-        """Wait while the sink is far behind."""
-        ...
-
-    def behind(self) -> bool:
-        """Whether ``drain`` would wait now."""
-        ...
-
-
-@dataclass(slots=True)
-class _Batch:
-    first_lsn: int
-    changes: list[Change]
-    new_segment: bool  # start a new segment file before writing this batch
-    payload: bytes | None = None  # already encoded (a slave's copy of its master's batch)
-    count: int = 0  # records in ``payload``
-    replica: bool = False  # a slave's copy of its master's batch
-    offered: bool = False  # handed to the slave's link already (a write the flusher takes over)
-
-
-class WriteAheadLog:
-    def __init__(
-        self,
-        directory: Path,
-        *,
-        policy: str,
-        interval_ms: int,
-        segment_max_bytes: int,
-        fsync: Callable[[int], None] = os.fsync,
-        archive: ArchiveSink | None = None,  # gets the written frames, in order, in batches
-    ) -> None:
-        self.directory = directory
-        self.policy = policy
-        self.interval_s = interval_ms / 1000
-        self.files = SegmentFiles(directory, policy=policy, segment_max_bytes=segment_max_bytes, fsync=fsync)
-        self.next_lsn = 0
-        self.records_written = 0
-        self._batches: list[_Batch] = []
-        self._archive = archive
-        self.replica: ReplicaSink | None = None  # set while this node is a master with a slave
-        # Every append until the flusher takes the batches shares ``_pending``;
-        # ``_inflight`` is the one of the batches being written.
-        self._pending: asyncio.Future[None] | None = None
-        self._inflight: asyncio.Future[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._wakeup = asyncio.Event()
-        self._wake_due = False  # a call to _wake is scheduled
-        self._cut_next = True
-        self._archive_queue: list[bytes] = []  # frames written, not yet handed to the archive
-        self._archive_bytes = 0
-        self._archive_lsn = self._archive_next_lsn = 0  # of the queue's first record, and past its last
-        self._archive_timer: asyncio.TimerHandle | None = None
-        self._tasks: list[asyncio.Task[None]] = []
-        self.failed: StorageError | None = None
-        self.disk_full = 0  # times a write found the disk full (and waited for space)
-        self.full_since: float | None = None  # loop time the current wait began
-        # Set while the store has reported its disk full already (``kapok.storage.space``):
-        # a write that then finds no space at all says so as a WARNING, not a second ERROR.
-        self.full_reported = False
-        self.full_free: int | None = None  # bytes free when the current wait began (None: unknown)
-        self._full_tries = 0
-        self._full_lsn = 0  # the first record that waits for space
-        self._space = asyncio.Event()  # set unless a write waits for space
-        self._space.set()
-        self._closing = asyncio.Event()
-
-    @property
-    def fsyncs(self) -> int:
-        return self.files.fsyncs
-
-    @property
-    def bytes_written(self) -> int:
-        return self.files.bytes_written
+class WriteAheadLog(WalState):
+    """The log's rules: appends, the writes, a full disk; its state and feeds are ``WalState``'s."""
 
     # ------------------------------------------------------------ lifecycle
 
@@ -204,7 +112,7 @@ class WriteAheadLog:
         if self.failed is not None:
             return self._refused()
         if not self._batches or self._cut_next or self._batches[-1].payload is not None:
-            self._batches.append(_Batch(self.next_lsn, [], self._cut_next))
+            self._batches.append(Batch(self.next_lsn, [], self._cut_next))
             self._cut_next = False
         self._batches[-1].changes.extend(changes)
         return self._queued(len(changes))
@@ -214,7 +122,7 @@ class WriteAheadLog:
         WAL wrote it): it is written as one frame of its own, at the next LSNs."""
         if self.failed is not None:
             return self._refused()
-        self._batches.append(_Batch(self.next_lsn, [], self._cut_next, payload, count, replica=True))
+        self._batches.append(Batch(self.next_lsn, [], self._cut_next, payload, count, replica=True))
         self._cut_next = False
         return self._queued(count)
 
@@ -263,10 +171,6 @@ class WriteAheadLog:
         if self._batches:
             self._wakeup.set()
 
-    def attach_archive(self, archive: ArchiveSink) -> None:
-        """Hand the frames written from now on to ``archive`` too."""
-        self._archive = archive
-
     def cut(self) -> int:
         """Make the next record start a new segment; returns that record's LSN."""
         self._cut_next = True
@@ -288,7 +192,7 @@ class WriteAheadLog:
         if not self.files.may_write_inline(encoded):
             # For the flusher, as they are: encoded once, not again.
             self._batches = [
-                _Batch(e.first_lsn, [], e.new_segment, e.payload, e.count, e.replica) for e in encoded
+                Batch(e.first_lsn, [], e.new_segment, e.payload, e.count, e.replica) for e in encoded
             ]
             return False
         self._batches = []
@@ -301,7 +205,7 @@ class WriteAheadLog:
             # slave's link has it already); the appends' future waits with it.
             written, rest = encoded[: full.written], encoded[full.written :]
             self._batches = [
-                _Batch(e.first_lsn, [], e.new_segment, e.payload, e.count, e.replica, offered=True)
+                Batch(e.first_lsn, [], e.new_segment, e.payload, e.count, e.replica, offered=True)
                 for e in rest
             ]
             self._pending = waiter
@@ -359,13 +263,6 @@ class WriteAheadLog:
                 if self._archive is not None:
                     await self._hand_to_archive(encoded)
 
-    def _offer(self, encoded: list[Encoded]) -> None:
-        """Hand the batches to the slave's link before they are written: its copy overlaps the write."""
-        if self.replica is not None:
-            for e in encoded:
-                if not e.offered:
-                    self.replica.offer(e.first_lsn, e.count, e.payload)
-
     def _fail(self, exc: OSError, waiter: asyncio.Future[None] | None) -> None:
         self.failed = StorageError(f"the write-ahead log failed: {exc}")
         if self.full_since is not None and self._closing.is_set():
@@ -416,41 +313,6 @@ class WriteAheadLog:
         self._full_tries = 0
         self._space.set()
 
-    async def _hand_to_archive(self, written: list[Encoded]) -> None:
-        # After the acks, not before them: the archive is an analytics feed, so it must
-        # delay neither confirmations nor the next write. Frames gather here (in log
-        # order) and go out every ARCHIVE_DELAY_S or once ARCHIVE_BATCH_BYTES wait; the
-        # flusher waits only while the archiver is far behind (backpressure, bounded
-        # memory). Queued first, so a cancelled wait loses nothing.
-        self._queue_for_archive(written)
-        assert self._archive is not None
-        await self._archive.drain()
-
-    def _queue_for_archive(self, written: list[Encoded]) -> None:
-        for batch in written:
-            if self._archive_queue and batch.first_lsn != self._archive_next_lsn:
-                self._submit_archive()  # a feed's records are consecutive (their LSNs follow)
-            queue = self._archive_queue
-            if not queue:
-                self._archive_lsn = batch.first_lsn
-            self._archive_next_lsn = batch.first_lsn + batch.count
-            queue += (batch.header, batch.payload)
-            self._archive_bytes += len(batch.header) + len(batch.payload)
-        if self._archive_bytes >= ARCHIVE_BATCH_BYTES:
-            self._submit_archive()
-        elif self._archive_queue and self._archive_timer is None:
-            assert self._loop is not None
-            self._archive_timer = self._loop.call_later(ARCHIVE_DELAY_S, self._submit_archive)
-
-    def _submit_archive(self) -> None:
-        """Hand every queued frame to the archive now (on the event loop)."""
-        if self._archive_timer is not None:
-            self._archive_timer.cancel()
-            self._archive_timer = None
-        if self._archive_queue and self._archive is not None:
-            frames, self._archive_queue, self._archive_bytes = self._archive_queue, [], 0
-            self._archive.feed(frames, len(frames) // 2, self._archive_lsn)
-
     async def _interval_syncer(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
@@ -464,7 +326,7 @@ class WriteAheadLog:
         return await self.files.drop_before(lsn)
 
 
-def _encode(batch: _Batch) -> Encoded:
+def _encode(batch: Batch) -> Encoded:
     b, payload = batch, batch.payload
     if payload is not None:
         return Encoded(b.first_lsn, b.count, payload, b.new_segment, b.replica, offered=b.offered)

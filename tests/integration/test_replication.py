@@ -16,7 +16,7 @@ import pytest
 from tests.integration.conftest import Start
 
 from kapok.config import load_config
-from kapok.replication.leader import UNPAIRED_BACKLOG_BYTES
+from kapok.replication.leaderstate import UNPAIRED_BACKLOG_BYTES
 from kapok.replication.protocol import Role
 from kapok.storage.disk import DiskStore, begin_transfer, install_transfer
 from kapok.storage.records import encode_end

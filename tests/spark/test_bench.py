@@ -6,7 +6,7 @@ import os
 
 from pyspark.sql import SparkSession
 
-from kapok.analytics.bench import jvm_threads, tree_usage
+from kapok.analytics.proctree import jvm_threads, tree_usage
 
 
 def test_the_jvms_cpu_splits_into_tasks_jit_gc_and_the_rest(spark: SparkSession) -> None:

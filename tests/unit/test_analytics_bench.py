@@ -6,7 +6,8 @@ import os
 from collections import Counter
 from pathlib import Path
 
-from kapok.analytics.bench import tree_usage, write_archive
+from kapok.analytics.bench import write_archive
+from kapok.analytics.proctree import tree_usage
 from kapok.storage.archive import list_archive_files, read_archive_file
 
 

@@ -23,6 +23,7 @@ PURE_FILES = sorted(
                 "codec",
                 "config",
                 "membership",
+                "membertable",
                 "messages",
                 "suspicion",
                 "swim",

@@ -1,4 +1,4 @@
-"""The WAL's hand-offs (``kapok.storage.wal``).
+"""The WAL's hand-offs (``kapok.storage.wal``; the archive's batches: ``kapok.storage.walstate``).
 
 Written frames reach the archive sink byte for byte as the log holds them, in
 order, in a few batches gathered over time rather than one call per write, and
@@ -20,7 +20,7 @@ from tests.unit.storage.walfiles import make_records, read_log
 from kapok.core.changes import Change, GroupCreated
 from kapok.errors import StorageError
 from kapok.storage import segments as segments_module
-from kapok.storage import wal as wal_module
+from kapok.storage import walstate as walstate_module
 from kapok.storage.records import FrameReader
 from kapok.storage.segments import list_segments
 from kapok.storage.wal import WriteAheadLog
@@ -71,7 +71,7 @@ async def test_archive_gets_every_record_in_order_in_few_batches(tmp_path: Path,
     # At most one hand-over per ARCHIVE_DELAY_S of writing, and one at close: on an idle
     # machine a few for the 40 writes; on a busy one, never one per write unless each
     # write took the whole delay.
-    assert 1 <= len(recorder.calls) <= elapsed / wal_module.ARCHIVE_DELAY_S + 2, (
+    assert 1 <= len(recorder.calls) <= elapsed / walstate_module.ARCHIVE_DELAY_S + 2, (
         len(recorder.calls),
         elapsed,
     )
@@ -97,8 +97,8 @@ async def test_archive_batches_go_out_after_the_delay_without_a_close(tmp_path: 
 
 
 async def test_archive_batches_are_bounded_in_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(wal_module, "ARCHIVE_BATCH_BYTES", 200)
-    monkeypatch.setattr(wal_module, "ARCHIVE_DELAY_S", 60.0)
+    monkeypatch.setattr(walstate_module, "ARCHIVE_BATCH_BYTES", 200)
+    monkeypatch.setattr(walstate_module, "ARCHIVE_DELAY_S", 60.0)
     recorder = _Recorder()
     wal = WriteAheadLog(
         tmp_path, policy="never", interval_ms=1000, segment_max_bytes=1 << 20, archive=recorder
@@ -141,7 +141,7 @@ async def test_concurrent_appends_keep_the_log_in_order_across_segments(tmp_path
 def writers(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the threads that write to the log, in order."""
     names: list[str] = []
-    real_writev = os.writev  # the module kapok.storage.wal imports
+    real_writev = os.writev  # the module kapok.storage.segments imports
 
     def writev(fd: int, parts: list[bytes]) -> int:
         names.append(threading.current_thread().name)
