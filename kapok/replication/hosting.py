@@ -103,6 +103,7 @@ class _Hosting:
         self._on_change = on_change
         self._lock = asyncio.Lock()
         self._watchdog: asyncio.Task[None] | None = None
+        self._pulse: asyncio.Task[None] | None = None  # the freeze detector's tick (node._beat)
         self._following_url = ""
         self._retired: Follower | None = None  # a follower that handed over: its task ends itself
         self._stopping = False

@@ -64,6 +64,7 @@ class ReplicationNode(_Transitions):
         self.service.gate = self.gate
         self.service.confirm = self.confirm
         self.partner.started()
+        self._pulse = asyncio.get_running_loop().create_task(self._beat())
         role, url = await self._first_role()
         async with self._lock:
             if role is Role.LEADER:
@@ -97,6 +98,9 @@ class ReplicationNode(_Transitions):
         if self._watchdog is not None:
             await cancel_and_wait(self._watchdog)
             self._watchdog = None
+        if self._pulse is not None:
+            await cancel_and_wait(self._pulse)
+            self._pulse = None
         await self.partner.aclose()
         async with self._lock:
             if self.role is Role.STOPPED:
@@ -132,13 +136,21 @@ class ReplicationNode(_Transitions):
 
     # ------------------------------------------------------------ the watchdog
 
-    async def _watch(self) -> None:
+    async def _beat(self) -> None:
+        """The freeze detector's tick (``Partner.tick``), every half heartbeat. It takes no
+        lock: a transition that holds the lock for long while the loop turns (a takeover or
+        a promote applying a long journal first) is not a freeze; a process stopped, or a
+        loop kept from turning, is."""
         while True:
             await asyncio.sleep(self.heartbeat_s / 2)
             leader = self.leader
             session = leader.session if leader is not None else None
             if self.partner.tick(self.state, session.state.last_heard if session is not None else None):
                 self._on_change()
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_s / 2)
             try:
                 async with self._lock:
                     if self.role is Role.STOPPED:
@@ -228,7 +240,8 @@ class ReplicationNode(_Transitions):
             alone=self.alone_since is not None,
             sync_mode=self.cfg.mode == "sync",
             partner_confirmed=link_up or self.partner.confirmed(self.state),
-            in_doubt=self.partner.doubting(),
+            # the tick may not have run yet after a freeze: a late one is doubt too
+            in_doubt=self.partner.in_doubt(),
         )
 
     # ------------------------------------------------------------ operator

@@ -12,10 +12,11 @@ that knowledge trustworthy, and they live here:
   while the node is not isolated: what it said during the cut may be overtaken) or from a
   gossip row newer than the one it had when it fenced. A majority coming back is not
   enough.
-* **Doubt after a freeze.** A node whose watchdog ran ``pause_s`` late was frozen (SIGSTOP,
-  a stalled VM, a starved loop): its view is old and its partner may have taken over. It
-  serves nothing until it has heard its partner again (the link or its ``/health``), or
-  for at most a failover timeout, by which time gossip has refreshed its view.
+* **Doubt after a freeze.** A node whose tick ran ``pause_s`` late was frozen (SIGSTOP,
+  a stalled VM, a starved loop; the tick takes no lock, so a long transition is not a
+  freeze): its view is old and its partner may have taken over. It serves nothing until
+  it has heard its partner again (the link or its ``/health``), or for at most a failover
+  timeout, by which time gossip has refreshed its view.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class Partner:
         self.gossip = gossip
         self.configured_role = configured_role
         self.health: tuple[int, bool] | None = None  # (epoch, active) from its /health
-        self.pause_s = cfg.failover_timeout_s / 2  # a watchdog tick this late: we were frozen
+        self.pause_s = cfg.failover_timeout_s / 2  # a tick this late: we were frozen
         self._fence_incarnation = -1  # its gossip incarnation when we fenced
         self._last_tick = -math.inf
         self._doubt_since = self._doubt_until = -math.inf
@@ -155,10 +156,6 @@ class Partner:
         """Frozen, or not yet past the doubt that followed a freeze."""
         now = loop_time()
         return now - self._last_tick > self.pause_s or now < self._doubt_until
-
-    def doubting(self) -> bool:
-        """Within the doubt that followed a freeze the watchdog saw (decide nothing then)."""
-        return loop_time() < self._doubt_until
 
 
 def epoch_active(health: dict[str, Any]) -> tuple[int, bool]:

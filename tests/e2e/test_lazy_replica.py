@@ -1,6 +1,8 @@
 """A slave that journals: it acks its master's batches once they are durable and applies
 them to its mirror later, yet a slave promoted right after its master's kill -9 serves
-every confirmed message (it applies the rest before it leads).
+every confirmed message (it applies the rest before it leads), and serves at once even
+when applying the rest takes longer than a frozen node's pause: the promote holds the
+pair's lock that long, and the freeze detector's tick does not wait for it.
 
 Real ``kapok serve`` processes. Timings are not asserted (the takeover times are in
 docs/benchmarks.md); the test asserts that the mirror lagged the acks (the slave's
@@ -9,6 +11,7 @@ docs/benchmarks.md); the test asserts that the mirror lagged the acks (the slave
 
 from __future__ import annotations
 
+import time
 import urllib.request
 from pathlib import Path
 
@@ -24,6 +27,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
 AUTH = {"Authorization": "Bearer test"}
 BATCHES = 10
 BATCH = 1000  # records a request: over the light load of the applier (LIGHT_RECORDS) at once
+JOURNAL = 240_000  # records: under the applier's bound (MAX_RECORDS), ~0.5-2 s to apply here
+FAILOVER_S = 0.8  # a tick 0.4 s late is a freeze (pause_s): well under JOURNAL's apply time
 
 
 def _promote(url: str) -> int:
@@ -57,6 +62,31 @@ def test_a_slave_promoted_with_records_unapplied_serves_every_confirmed_message(
         assert state_of(slave)["unapplied"] == {"records": 0, "bytes": 0}
         served = [m["data"] for m in drain(slave.url)]
         assert sorted(served) == sorted(confirmed)  # each once: the leader had delivered none
+        assert "Traceback" not in slave.output
+    finally:
+        stop_all([master, slave])
+
+
+def test_a_promote_that_applies_a_long_journal_is_not_taken_for_a_freeze(tmp_path: Path) -> None:
+    master, slave = start_pair(tmp_path, mode="sync", profile="fast", failover_timeout_s=FAILOVER_S)
+    try:
+        for b in range(JOURNAL // BATCH):
+            status, _ = publish(master.url, *[f"m{b}-{i}" for i in range(BATCH)])
+            assert status == 200
+        unapplied = state_of(slave)["unapplied"]["records"]
+        master.kill()
+        started = time.monotonic()
+        assert _promote(slave.url) == 200
+        took = time.monotonic() - started
+        health = get_json(slave.url, "/health") or {}
+        print(f"\npromote with {unapplied} records unapplied: {took:.2f} s; then /health {health}")
+        assert unapplied > 0
+        # Before, the tick waited for the promote's lock, came late, and the new master took
+        # that for a freeze: it logged so and refused every client for a failover timeout.
+        assert "was frozen" not in slave.output
+        assert health.get("active") is True
+        status, answer = publish(slave.url, "after")  # sync, and the partner is gone
+        assert (status, answer.get("error")) == (503, "replication_unavailable")
         assert "Traceback" not in slave.output
     finally:
         stop_all([master, slave])
