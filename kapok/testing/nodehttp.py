@@ -7,6 +7,7 @@ are bounds, scaled by ``KAPOK_TEST_SLOW`` (``kapok.testing.slow``).
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from typing import TYPE_CHECKING, Any, overload
@@ -42,22 +43,40 @@ def publish(
 def drain(
     url: str, *, topic: str = "jobs", group: str = "default", key: str = "test"
 ) -> list[dict[str, Any]]:
-    """Lease and ack every ready message of ``topic`` for ``group``; the messages, in order."""
+    """Lease and ack every ready message of ``topic`` for ``group``; the messages, in order.
+
+    As a client does, a call the node refuses with 503 (it cannot take requests *now*: a
+    leader that doubts its view after a stall it took for a freeze, for up to a failover
+    timeout) is made again, within ``UNAVAILABLE_S``; nothing was leased or acked by it.
+    Any other refusal fails with the node's answer."""
     out: list[dict[str, Any]] = []
     for _ in range(10_000):
-        request = urllib.request.Request(
-            f"{url}/v1/topics/{topic}/messages?max=500&group={group}", headers=_headers(key)
-        )
-        with urllib.request.urlopen(request, timeout=scaled(10.0)) as resp:
-            batch = json.loads(resp.read())["messages"]
+        leased = _call(f"{url}/v1/topics/{topic}/messages?max=500&group={group}", None, key)
+        batch: list[dict[str, Any]] = leased["messages"]
         if not batch:
             return out
         out += batch
         ack = json.dumps({"group": group, "codes": [m["code"] for m in batch]}).encode()
-        acking = urllib.request.Request(f"{url}/v1/topics/{topic}/ack", data=ack, headers=_headers(key))
-        with urllib.request.urlopen(acking, timeout=scaled(10.0)):
-            pass
+        _call(f"{url}/v1/topics/{topic}/ack", ack, key)
     raise AssertionError(f"{topic} on {url} never ran dry")
+
+
+UNAVAILABLE_S = 30.0  # how long drain() makes a call again that the node refuses with 503
+
+
+def _call(url: str, body: bytes | None, key: str) -> dict[str, Any]:
+    deadline = time.monotonic() + scaled(UNAVAILABLE_S)
+    while True:
+        request = urllib.request.Request(url, data=body, headers=_headers(key))
+        try:
+            with urllib.request.urlopen(request, timeout=scaled(10.0)) as resp:
+                answer: dict[str, Any] = json.loads(resp.read() or b"{}")
+                return answer
+        except urllib.error.HTTPError as exc:
+            why = exc.read().decode(errors="replace")
+            if exc.code != 503 or time.monotonic() >= deadline:
+                raise AssertionError(f"{request.get_method()} {url}: {exc.code} {why}") from None
+        time.sleep(0.05)
 
 
 def metric(url: str, name: str, default: float = 0.0) -> float:
